@@ -1,0 +1,106 @@
+"""The one exception family every layer raises.
+
+Callers catch :class:`FastCacheError` for "anything went wrong with the cache", or one of
+its branches when they care why:
+
+* :class:`InvalidKeyError` / :class:`InvalidArgumentError` — the request was refused before
+  anything was sent (also ``ValueError``).
+* :class:`CommandError` — the server answered with ``ERROR``, ``CLIENT_ERROR`` or
+  ``SERVER_ERROR``; the connection is still in step and stays in use.
+* :class:`ProtocolError` — the server sent bytes that do not parse; the connection is
+  discarded.
+* :class:`NetworkError` — connecting failed, the connection dropped, the node is marked
+  out, or the call ran past its timeout; the connection is discarded.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+
+class FastCacheError(Exception):
+    """Root of every error raised by django_fastcache's client and protocol layers."""
+
+
+class InvalidKeyError(FastCacheError, ValueError):
+    """A key that memcached's text protocol cannot carry (too long, space or control bytes)."""
+
+
+class InvalidArgumentError(FastCacheError, ValueError):
+    """A flag, expiry, delta or value outside what the protocol allows."""
+
+
+class ConfigurationError(FastCacheError, ValueError):
+    """A server address or option that cannot be used."""
+
+
+class CommandError(FastCacheError):
+    """The server refused a command; the connection stays usable."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UnknownCommandError(CommandError):
+    """The server answered ``ERROR``: it does not know the command."""
+
+
+class ClientError(CommandError):
+    """The server answered ``CLIENT_ERROR <message>``: it judged the request malformed."""
+
+
+class ServerError(CommandError):
+    """The server answered ``SERVER_ERROR <message>``."""
+
+
+class ValueTooLargeError(ServerError, ValueError):
+    """The value exceeds the server's item size limit (``SERVER_ERROR object too large``)."""
+
+
+class ProtocolError(FastCacheError):
+    """The server sent bytes that do not follow the protocol; the connection is discarded."""
+
+
+class NetworkError(FastCacheError):
+    """A transport-level failure; the connection involved is discarded."""
+
+
+class ConnectFailedError(NetworkError, builtins.ConnectionError):
+    """A connection to a node could not be opened."""
+
+
+class ConnectionLostError(NetworkError, builtins.ConnectionError):
+    """The connection closed while a request was waiting for its reply."""
+
+
+class OperationTimeoutError(NetworkError, builtins.TimeoutError):
+    """A call ran past its timeout; its connection was discarded."""
+
+
+class NodeUnavailableError(NetworkError):
+    """The node is marked out (its circuit is open); no request was sent."""
+
+
+class ClientClosedError(FastCacheError):
+    """The client was closed."""
+
+
+__all__ = [
+    "ClientClosedError",
+    "ClientError",
+    "CommandError",
+    "ConfigurationError",
+    "ConnectFailedError",
+    "ConnectionLostError",
+    "FastCacheError",
+    "InvalidArgumentError",
+    "InvalidKeyError",
+    "NetworkError",
+    "NodeUnavailableError",
+    "OperationTimeoutError",
+    "ProtocolError",
+    "ServerError",
+    "UnknownCommandError",
+    "ValueTooLargeError",
+]
