@@ -1,0 +1,146 @@
+"""FastCache's ``OPTIONS``: defaults, meaning and validation in one place.
+
+:func:`parse_options` is shared by the backend (which refuses to start with bad options)
+and by the system check (which reports every problem at once, with an id).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..serializers import SERIALIZERS
+
+
+@dataclass(frozen=True)
+class FastCacheOptions:
+    # -- the memcached client --------------------------------------------------------
+    #: Seconds a single operation may take, waiting for a connection included.
+    operation_timeout: float = 1.0
+    #: Seconds to open a connection.
+    connect_timeout: float = 1.0
+    #: Connections per node and event loop kept open even when idle.
+    min_connections: int = 1
+    #: Connections per node and event loop at most; further callers wait their turn.
+    max_connections: int = 4
+    #: Seconds an idle connection (beyond ``min_connections``) is kept.
+    idle_timeout: float = 60.0
+    #: Largest value sent, in bytes after serialization; memcached's ``-I`` (1 MiB default).
+    #: Larger values are refused without a round trip, and the key's old value is deleted.
+    max_value_size: int = 1024 * 1024
+    # -- values and keys ---------------------------------------------------------------
+    #: ``"pickle"`` or ``"json"``.
+    serializer: str = "pickle"
+    #: Pickle protocol for the pickle serializer.
+    pickle_protocol: int = pickle.HIGHEST_PROTOCOL
+    #: Compress values of at least this many bytes with zlib; None: never.
+    compress_min_length: int | None = None
+    #: zlib level, 1 (fast) to 9 (small).
+    compress_level: int = 6
+    #: Replace keys memcached cannot carry (over 250 bytes, or with spaces or control
+    #: characters) by a digest instead of raising ``InvalidCacheKey``.
+    hash_invalid_keys: bool = False
+
+
+OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(FastCacheOptions))
+
+
+@dataclass(frozen=True)
+class OptionProblem:
+    id: str
+    message: str
+    hint: str | None = None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list[OptionProblem]]:
+    """Options from a ``CACHES[...]["OPTIONS"]`` dict, and every problem found in it."""
+    raw = dict(raw or {})
+    problems: list[OptionProblem] = []
+    unknown = sorted(set(raw) - OPTION_NAMES)
+    for name in unknown:
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E001",
+                f"Unknown FastCache option {name!r}.",
+                "See the configuration reference for the options FastCache takes.",
+            )
+        )
+        raw.pop(name)
+
+    def positive_number(name: str) -> None:
+        if name in raw and not (_is_number(raw[name]) and raw[name] > 0):
+            problems.append(
+                OptionProblem("django_fastcache.E002", f"{name} must be a positive number.")
+            )
+            raw.pop(name)
+
+    def positive_int(name: str) -> None:
+        if name in raw and not (_is_int(raw[name]) and raw[name] > 0):
+            problems.append(
+                OptionProblem("django_fastcache.E003", f"{name} must be a positive integer.")
+            )
+            raw.pop(name)
+
+    def boolean(name: str) -> None:
+        if name in raw and not isinstance(raw[name], bool):
+            problems.append(
+                OptionProblem("django_fastcache.E004", f"{name} must be True or False.")
+            )
+            raw.pop(name)
+
+    for name in (
+        "operation_timeout",
+        "connect_timeout",
+        "idle_timeout",
+    ):
+        positive_number(name)
+    for name in ("min_connections", "max_connections", "max_value_size"):
+        positive_int(name)
+    boolean("hash_invalid_keys")
+
+    if raw.get("min_connections", 1) > raw.get("max_connections", 4):
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E005", "min_connections must not exceed max_connections."
+            )
+        )
+        raw.pop("min_connections")
+    if "serializer" in raw and raw["serializer"] not in SERIALIZERS:
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E006",
+                f"serializer must be one of {', '.join(map(repr, SERIALIZERS))}.",
+            )
+        )
+        raw.pop("serializer")
+    if "pickle_protocol" in raw and not (
+        _is_int(raw["pickle_protocol"]) and 0 <= raw["pickle_protocol"] <= pickle.HIGHEST_PROTOCOL
+    ):
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E007",
+                f"pickle_protocol must be an integer from 0 to {pickle.HIGHEST_PROTOCOL}.",
+            )
+        )
+        raw.pop("pickle_protocol")
+    if "compress_min_length" in raw and raw["compress_min_length"] is not None:
+        positive_int("compress_min_length")
+    if "compress_level" in raw and not (
+        _is_int(raw["compress_level"]) and 1 <= raw["compress_level"] <= 9
+    ):
+        problems.append(
+            OptionProblem("django_fastcache.E008", "compress_level must be an integer 1-9.")
+        )
+        raw.pop("compress_level")
+    return FastCacheOptions(**raw), problems

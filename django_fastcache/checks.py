@@ -1,0 +1,57 @@
+"""System checks for FastCache caches: every option and address, before the first request.
+
+Run by ``manage.py check`` (and at server start) when ``django_fastcache`` is in
+``INSTALLED_APPS``. The backend itself refuses bad options with ``ImproperlyConfigured``
+when it is first used; the check reports every problem at once, with ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, register
+from django.utils.module_loading import import_string
+
+from .backends.options import parse_options
+from .client.address import parse_address, parse_locations
+from .errors import ConfigurationError
+
+
+def _is_fastcache(backend_path: str) -> bool:
+    from .backends.fastcache import FastCache
+
+    try:
+        backend = import_string(backend_path)
+    except ImportError:
+        return False
+    return isinstance(backend, type) and issubclass(backend, FastCache)
+
+
+@register(Tags.caches)
+def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    for alias, config in getattr(settings, "CACHES", {}).items():
+        if not _is_fastcache(config.get("BACKEND", "")):
+            continue
+        _options, problems = parse_options(config.get("OPTIONS"))
+        for problem in problems:
+            messages.append(
+                Error(f"CACHES[{alias!r}]: {problem.message}", hint=problem.hint, id=problem.id)
+            )
+        location = config.get("LOCATION", "")
+        servers = parse_locations(location) if location else []
+        if not servers:
+            messages.append(
+                Error(
+                    f"CACHES[{alias!r}] has no LOCATION.",
+                    hint='Give memcached addresses, e.g. "127.0.0.1:11211".',
+                    id="django_fastcache.E011",
+                )
+            )
+        for server in servers:
+            try:
+                parse_address(server)
+            except ConfigurationError as exc:
+                messages.append(Error(f"CACHES[{alias!r}]: {exc}", id="django_fastcache.E012"))
+    return messages

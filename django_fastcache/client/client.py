@@ -1,0 +1,232 @@
+"""The public asyncio memcached client.
+
+One :class:`Client` serves every event loop of the process: the cluster view (nodes,
+hashing, counters) is shared and thread-safe, while connection pools belong to one event
+loop each, created the first time a loop uses the client. That lets a synchronous caller
+drive the client on its own thread's loop (see :mod:`django_fastcache.bridge`) and an
+ASGI application await it on its server's loop, with no thread hop on either path.
+
+Every operation is bounded by ``timeout``: a request whose reply is late, or whose caller
+is cancelled, discards its connection, so a late reply is never read as another
+request's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import CommandError, ConnectionLostError, FastCacheError, OperationTimeoutError
+from ..protocol import Item, ReplyKind, Status
+from . import forksafe
+from .address import Address
+from .cluster import ClientSettings, Cluster
+from .commands import CommandSet, Replies, Requests
+from .connection import Connection
+from .pool import Pool, PoolSettings
+
+
+class Client(CommandSet):
+    """An asyncio memcached client over one or more nodes.
+
+    ``servers`` are addresses (``"host:port"``, ``"[::1]:11211"``, ``"unix:/path"``);
+    keys are routed to nodes by rendezvous hashing. Keys and values are ``bytes``. The
+    commands are those of :class:`~django_fastcache.client.commands.CommandSet`.
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[str | Address],
+        *,
+        timeout: float = 1.0,
+        connect_timeout: float = 1.0,
+        min_connections: int = 1,
+        max_connections: int = 4,
+        idle_timeout: float = 60.0,
+        max_value_size: int = 1024 * 1024,
+    ) -> None:
+        settings = ClientSettings(
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            min_connections=min_connections,
+            max_connections=max_connections,
+            idle_timeout=idle_timeout,
+            max_value_size=max_value_size,
+        )
+        self.cluster = Cluster(servers, settings)
+        self.timeout = settings.timeout
+        self._pool_settings = PoolSettings(
+            min_connections=min_connections,
+            max_connections=max_connections,
+            idle_timeout=idle_timeout,
+            connect_timeout=connect_timeout,
+            max_value_size=max_value_size,
+        )
+        self._pools_by_loop: dict[asyncio.AbstractEventLoop, list[Pool]] = {}
+        self._lock = threading.Lock()
+        forksafe.register(self)
+
+    @property
+    def addresses(self) -> tuple[Address, ...]:
+        return self.cluster.addresses
+
+    # -- pools, one list per event loop ------------------------------------------------
+    def _pools(self) -> list[Pool]:
+        loop = asyncio.get_running_loop()
+        pools = self._pools_by_loop.get(loop)
+        if pools is None:
+            pools = self._create_pools(loop)
+        return pools
+
+    def _create_pools(self, loop: asyncio.AbstractEventLoop) -> list[Pool]:
+        with self._lock:
+            pools = self._pools_by_loop.get(loop)
+            if pools is None:
+                # A closed loop never runs again: let its pools go.
+                for old_loop in [lp for lp in self._pools_by_loop if lp.is_closed()]:
+                    del self._pools_by_loop[old_loop]
+                pools = [Pool(a, self._pool_settings, loop) for a in self.cluster.addresses]
+                self._pools_by_loop[loop] = pools
+        return pools
+
+    def _forget_after_fork(self) -> object:
+        """In a forked child: drop (and hand back) the parent's pools without touching them."""
+        inherited = self._pools_by_loop
+        self._pools_by_loop = {}
+        self._lock = threading.Lock()
+        return inherited
+
+    # -- the I/O primitives ------------------------------------------------------------
+    async def _acquire(self, pool: Pool) -> Connection:
+        connection = pool.try_acquire()
+        if connection is not None:
+            return connection
+        try:
+            return await asyncio.wait_for(pool.acquire(), self.timeout)
+        except asyncio.TimeoutError:
+            raise OperationTimeoutError(
+                f"no connection to {pool.address} within {self.timeout}s"
+            ) from None
+
+    async def _request(self, node: int, data: bytes, kind: ReplyKind) -> Any:
+        pool = self._pools()[node]
+        connection = await self._acquire(pool)
+        try:
+            future = connection.request(data, kind)
+        except FastCacheError:
+            pool.release(connection)
+            raise
+        timer = asyncio.get_running_loop().call_later(
+            self.timeout, _expire, connection, pool.address, self.timeout
+        )
+        try:
+            reply = await future
+        except asyncio.CancelledError:
+            pool.discard(connection, ConnectionLostError("request cancelled"))
+            raise
+        except BaseException:
+            pool.release(connection)  # aborted already: the pool lets it go
+            raise
+        finally:
+            timer.cancel()
+        pool.release(connection)
+        if isinstance(reply, CommandError):
+            raise reply
+        return reply
+
+    async def _pipeline(self, pool: Pool, data: bytes, kinds: list[ReplyKind]) -> list[Any]:
+        connection = await self._acquire(pool)
+        try:
+            futures = connection.request_many(data, kinds)
+        except FastCacheError:
+            pool.release(connection)
+            raise
+        timer = asyncio.get_running_loop().call_later(
+            self.timeout, _expire, connection, pool.address, self.timeout
+        )
+        try:
+            replies = [await future for future in futures]
+        except asyncio.CancelledError:
+            pool.discard(connection, ConnectionLostError("request cancelled"))
+            _consume(futures)
+            raise
+        except BaseException:
+            pool.release(connection)
+            _consume(futures)
+            raise
+        finally:
+            timer.cancel()
+        pool.release(connection)
+        return replies
+
+    async def _pipelines(self, requests: Requests) -> Replies:
+        pools = self._pools()
+        nodes = list(requests)
+        outcomes = await asyncio.gather(
+            *[self._pipeline(pools[n], *requests[n]) for n in nodes], return_exceptions=True
+        )
+        results: Replies = {}
+        for node, outcome in zip(nodes, outcomes):
+            if isinstance(outcome, FastCacheError):
+                results[node] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                results[node] = outcome
+        return results
+
+    async def _send_noreply(self, node: int, data: bytes) -> None:
+        pool = self._pools()[node]
+        connection = await self._acquire(pool)
+        try:
+            connection.send_noreply(data)
+        finally:
+            pool.release(connection)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def pool_metrics(self) -> dict[str, dict[str, int]]:
+        """Connection counters per node, summed over the event loops that used the client."""
+        totals: dict[str, dict[str, int]] = {}
+        with self._lock:
+            pool_lists = list(self._pools_by_loop.values())
+        for pools in pool_lists:
+            for pool in pools:
+                entry = totals.setdefault(
+                    pool.address.node_id,
+                    dict.fromkeys(
+                        ("open", "idle", "opened", "closed", "connect_failures", "waits"), 0
+                    ),
+                )
+                entry["open"] += pool.size
+                entry["idle"] += pool.idle
+                entry["opened"] += pool.metrics.connections_opened
+                entry["closed"] += pool.metrics.connections_closed
+                entry["connect_failures"] += pool.metrics.connect_failures
+                entry["waits"] += pool.metrics.waits
+        return totals
+
+    async def aclose(self) -> None:
+        """Close the running event loop's connections to every node."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            pools = self._pools_by_loop.pop(loop, [])
+        for pool in pools:
+            pool.close()
+        await asyncio.sleep(0)  # one turn for the transports to finish closing
+
+
+def _expire(connection: Connection, address: Address, timeout: float) -> None:
+    if not connection.closed:
+        connection.abort(OperationTimeoutError(f"no reply from {address} within {timeout}s"))
+
+
+def _consume(futures: list[asyncio.Future[Any]]) -> None:
+    """Mark the errors of abandoned futures as seen (they were all failed together)."""
+    for future in futures:
+        if future.done() and not future.cancelled():
+            future.exception()
+
+
+__all__ = ["Client", "Item", "Status"]

@@ -1,0 +1,323 @@
+"""Every memcached command, written once over three I/O primitives.
+
+:class:`CommandSet` turns calls into requests (protocol encoders), routes them to nodes
+(the cluster) and turns replies into results. How bytes reach a node is left to
+subclasses: :class:`~django_fastcache.client.client.Client` awaits asyncio connections;
+:class:`~django_fastcache.client.blocking.BlockingClient` uses blocking sockets owned by
+the calling thread, and its coroutines finish without ever suspending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ..errors import CommandError, FastCacheError, InvalidArgumentError
+from ..protocol import (
+    Item,
+    ReplyKind,
+    Status,
+    cache_memlimit_command,
+    cas_command,
+    decr_command,
+    delete_command,
+    flush_all_command,
+    gat_command,
+    get_command,
+    incr_command,
+    stats_command,
+    storage_command,
+    touch_command,
+    verbosity_command,
+    version_command,
+)
+from .cluster import Cluster
+
+#: Keys per ``get`` line when a node is asked for many keys (the lines are pipelined).
+MULTI_GET_CHUNK = 100
+
+#: Per node: the bytes to write and the kind of each reply expected, in order.
+Requests = dict[int, tuple[bytes, list[ReplyKind]]]
+#: Per node: the replies (error replies included as CommandError values), or the error
+#: that failed the node's connection.
+Replies = dict[int, "list[Any] | FastCacheError"]
+
+_STORAGE_VERBS = {
+    "set": b"set",
+    "add": b"add",
+    "replace": b"replace",
+    "append": b"append",
+    "prepend": b"prepend",
+}
+
+
+class CommandSet:
+    """The memcached commands. Keys and values are ``bytes``; see the docs for each."""
+
+    cluster: Cluster
+
+    # -- the I/O primitives subclasses provide ------------------------------------------
+    async def _request(self, node: int, data: bytes, kind: ReplyKind) -> Any:
+        """One request, one reply; an error reply is raised."""
+        raise NotImplementedError
+
+    async def _send_noreply(self, node: int, data: bytes) -> None:
+        """Requests that expect no reply."""
+        raise NotImplementedError
+
+    async def _pipelines(self, requests: Requests) -> Replies:
+        """Several nodes at once, each given requests pipelined in one write."""
+        raise NotImplementedError
+
+    # -- retrieval -----------------------------------------------------------------------
+    async def get(self, key: bytes) -> Item | None:
+        """The item (``value``, ``flags``) stored under ``key``, or None."""
+        node = self.cluster.node_index(key)
+        items = await self._request(node, get_command((key,)), ReplyKind.RETRIEVAL)
+        return items[0] if items else None
+
+    async def gets(self, key: bytes) -> Item | None:
+        """Like :meth:`get`, with the item's CAS token in ``item.cas``."""
+        node = self.cluster.node_index(key)
+        items = await self._request(node, get_command((key,), cas=True), ReplyKind.RETRIEVAL)
+        return items[0] if items else None
+
+    async def gat(self, key: bytes, exptime: int) -> Item | None:
+        """Get and touch: fetch ``key`` and give it the expiry ``exptime``."""
+        node = self.cluster.node_index(key)
+        items = await self._request(node, gat_command((key,), exptime), ReplyKind.RETRIEVAL)
+        return items[0] if items else None
+
+    async def gats(self, key: bytes, exptime: int) -> Item | None:
+        """Get and touch, with the CAS token."""
+        node = self.cluster.node_index(key)
+        data = gat_command((key,), exptime, cas=True)
+        items = await self._request(node, data, ReplyKind.RETRIEVAL)
+        return items[0] if items else None
+
+    async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, Item]:
+        """Items of the keys found: one round trip per node, the nodes asked at once."""
+        return await self._retrieve_many(keys, lambda chunk: get_command(chunk))
+
+    async def gets_many(self, keys: Iterable[bytes]) -> dict[bytes, Item]:
+        return await self._retrieve_many(keys, lambda chunk: get_command(chunk, cas=True))
+
+    async def gat_many(self, keys: Iterable[bytes], exptime: int) -> dict[bytes, Item]:
+        return await self._retrieve_many(keys, lambda chunk: gat_command(chunk, exptime))
+
+    async def gats_many(self, keys: Iterable[bytes], exptime: int) -> dict[bytes, Item]:
+        return await self._retrieve_many(keys, lambda chunk: gat_command(chunk, exptime, cas=True))
+
+    async def _retrieve_many(
+        self, keys: Iterable[bytes], encode: Callable[[Sequence[bytes]], bytes]
+    ) -> dict[bytes, Item]:
+        unique = list(dict.fromkeys(keys))
+        if not unique:
+            return {}
+        requests: Requests = {}
+        for node, node_keys in self.cluster.group(unique).items():
+            chunks = [
+                node_keys[i : i + MULTI_GET_CHUNK]
+                for i in range(0, len(node_keys), MULTI_GET_CHUNK)
+            ]
+            data = b"".join([encode(chunk) for chunk in chunks])
+            requests[node] = (data, [ReplyKind.RETRIEVAL] * len(chunks))
+        found: dict[bytes, Item] = {}
+        for replies in _raise_first_error(await self._pipelines(requests)).values():
+            for reply in replies:
+                if isinstance(reply, CommandError):
+                    raise reply
+                for item in reply:
+                    found[item.key] = item
+        return found
+
+    # -- storage -------------------------------------------------------------------------
+    async def _store(
+        self, verb: bytes, key: bytes, value: bytes, flags: int, exptime: int, noreply: bool
+    ) -> bool:
+        node = self.cluster.node_index(key)
+        data = storage_command(verb, key, value, flags=flags, exptime=exptime, noreply=noreply)
+        if noreply:
+            await self._send_noreply(node, data)
+            return True
+        return await self._request(node, data, ReplyKind.STORAGE) is Status.STORED
+
+    async def set(
+        self, key: bytes, value: bytes, *, flags: int = 0, exptime: int = 0, noreply: bool = False
+    ) -> bool:
+        """Store ``value``; True when stored. A value over the server's item limit raises
+        :class:`~django_fastcache.errors.ValueTooLargeError`."""
+        return await self._store(b"set", key, value, flags, exptime, noreply)
+
+    async def add(
+        self, key: bytes, value: bytes, *, flags: int = 0, exptime: int = 0, noreply: bool = False
+    ) -> bool:
+        """Store only if ``key`` is absent; False when it exists."""
+        return await self._store(b"add", key, value, flags, exptime, noreply)
+
+    async def replace(
+        self, key: bytes, value: bytes, *, flags: int = 0, exptime: int = 0, noreply: bool = False
+    ) -> bool:
+        """Store only if ``key`` exists; False when it does not."""
+        return await self._store(b"replace", key, value, flags, exptime, noreply)
+
+    async def append(self, key: bytes, value: bytes, *, noreply: bool = False) -> bool:
+        """Append bytes to an existing value; False when ``key`` does not exist."""
+        return await self._store(b"append", key, value, 0, 0, noreply)
+
+    async def prepend(self, key: bytes, value: bytes, *, noreply: bool = False) -> bool:
+        """Prepend bytes to an existing value; False when ``key`` does not exist."""
+        return await self._store(b"prepend", key, value, 0, 0, noreply)
+
+    async def cas(
+        self,
+        key: bytes,
+        value: bytes,
+        cas_token: int,
+        *,
+        flags: int = 0,
+        exptime: int = 0,
+        noreply: bool = False,
+    ) -> bool:
+        """Store only if the item is unchanged since ``gets`` returned ``cas_token``.
+
+        False when another write came first (``EXISTS``) or the item is gone."""
+        node = self.cluster.node_index(key)
+        data = cas_command(key, value, cas_token, flags=flags, exptime=exptime, noreply=noreply)
+        if noreply:
+            await self._send_noreply(node, data)
+            return True
+        return await self._request(node, data, ReplyKind.STORAGE) is Status.STORED
+
+    async def set_many(
+        self, items: Iterable[tuple[bytes, bytes, int]], *, exptime: int = 0, verb: str = "set"
+    ) -> list[bytes]:
+        """Store ``(key, value, flags)`` triples, pipelined per node, the nodes at once.
+
+        Returns the keys that were not stored (refused, too large, or their node failed)."""
+        command = _STORAGE_VERBS.get(verb)
+        if command is None:
+            raise InvalidArgumentError(f"unknown storage verb {verb!r}")
+        encoded = {
+            key: storage_command(command, key, value, flags=flags, exptime=exptime)
+            for key, value, flags in items
+        }
+        if not encoded:
+            return []
+        groups = self.cluster.group(encoded)
+        requests: Requests = {
+            node: (b"".join([encoded[k] for k in keys]), [ReplyKind.STORAGE] * len(keys))
+            for node, keys in groups.items()
+        }
+        results = await self._pipelines(requests)
+        failed: list[bytes] = []
+        for node, keys in groups.items():
+            replies = results[node]
+            if isinstance(replies, FastCacheError):
+                failed.extend(keys)
+            else:
+                failed.extend(k for k, r in zip(keys, replies) if r is not Status.STORED)
+        return failed
+
+    # -- deletion, touch, arithmetic ----------------------------------------------------
+    async def delete(self, key: bytes, *, noreply: bool = False) -> bool:
+        """Remove ``key``; True when it existed."""
+        node = self.cluster.node_index(key)
+        data = delete_command(key, noreply=noreply)
+        if noreply:
+            await self._send_noreply(node, data)
+            return True
+        return await self._request(node, data, ReplyKind.DELETE) is Status.DELETED
+
+    async def delete_many(self, keys: Iterable[bytes]) -> dict[bytes, bool]:
+        """Remove keys, pipelined per node; each key maps to whether it existed."""
+        unique = list(dict.fromkeys(keys))
+        if not unique:
+            return {}
+        groups = self.cluster.group(unique)
+        requests: Requests = {
+            node: (
+                b"".join([delete_command(k) for k in node_keys]),
+                [ReplyKind.DELETE] * len(node_keys),
+            )
+            for node, node_keys in groups.items()
+        }
+        results = _raise_first_error(await self._pipelines(requests))
+        existed: dict[bytes, bool] = {}
+        for node, node_keys in groups.items():
+            for key, reply in zip(node_keys, results[node]):
+                if isinstance(reply, CommandError):
+                    raise reply
+                existed[key] = reply is Status.DELETED
+        return existed
+
+    async def touch(self, key: bytes, exptime: int, *, noreply: bool = False) -> bool:
+        """Give ``key`` a new expiry; True when it exists."""
+        node = self.cluster.node_index(key)
+        data = touch_command(key, exptime, noreply=noreply)
+        if noreply:
+            await self._send_noreply(node, data)
+            return True
+        return await self._request(node, data, ReplyKind.TOUCH) is Status.TOUCHED
+
+    async def incr(self, key: bytes, delta: int = 1, *, noreply: bool = False) -> int | None:
+        """Add ``delta`` to a decimal value, atomically on the server, keeping its expiry.
+
+        The new value, or None when ``key`` does not exist (and always with noreply)."""
+        return await self._arithmetic(incr_command(key, delta, noreply=noreply), key, noreply)
+
+    async def decr(self, key: bytes, delta: int = 1, *, noreply: bool = False) -> int | None:
+        """Subtract ``delta`` (memcached stops at 0); None when ``key`` does not exist."""
+        return await self._arithmetic(decr_command(key, delta, noreply=noreply), key, noreply)
+
+    async def _arithmetic(self, data: bytes, key: bytes, noreply: bool) -> int | None:
+        node = self.cluster.node_index(key)
+        if noreply:
+            await self._send_noreply(node, data)
+            return None
+        reply = await self._request(node, data, ReplyKind.ARITHMETIC)
+        return None if reply is Status.NOT_FOUND else int(reply)
+
+    # -- whole-node commands ------------------------------------------------------------
+    async def flush_all(self, delay: int = 0, *, noreply: bool = False) -> None:
+        """Invalidate every item on every node (after ``delay`` seconds)."""
+        await self._broadcast(flush_all_command(delay, noreply=noreply), ReplyKind.OK, noreply)
+
+    async def version(self) -> dict[str, str]:
+        """Each node's version, by node id."""
+        return await self._broadcast(version_command(), ReplyKind.VERSION, False)
+
+    async def stats(self, *args: str) -> dict[str, dict[str, str]]:
+        """Each node's ``stats`` (or ``stats <args>``), by node id."""
+        return await self._broadcast(stats_command(*args), ReplyKind.STATS, False)
+
+    async def verbosity(self, level: int, *, noreply: bool = False) -> None:
+        """Set the servers' logging verbosity."""
+        await self._broadcast(verbosity_command(level, noreply=noreply), ReplyKind.OK, noreply)
+
+    async def cache_memlimit(self, megabytes: int, *, noreply: bool = False) -> None:
+        """Change the servers' memory limit."""
+        data = cache_memlimit_command(megabytes, noreply=noreply)
+        await self._broadcast(data, ReplyKind.OK, noreply)
+
+    async def _broadcast(self, data: bytes, kind: ReplyKind, noreply: bool) -> Any:
+        nodes = range(len(self.cluster))
+        if noreply:
+            for node in nodes:
+                await self._send_noreply(node, data)
+            return None
+        results = _raise_first_error(await self._pipelines({n: (data, [kind]) for n in nodes}))
+        answers: dict[str, Any] = {}
+        for node in nodes:
+            reply = results[node][0]
+            if isinstance(reply, CommandError):
+                raise reply
+            answers[self.cluster.node_ids[node]] = reply
+        return answers
+
+
+def _raise_first_error(results: Replies) -> dict[int, list[Any]]:
+    for replies in results.values():
+        if isinstance(replies, FastCacheError):
+            raise replies
+    return results  # type: ignore[return-value]

@@ -1,0 +1,125 @@
+"""One memcached connection: an ``asyncio.Protocol`` with a FIFO of pending requests.
+
+Requests are written as soon as they are made and their replies are matched in order
+(memcached answers in the order it was asked), so several requests may be in flight on one
+connection (pipelining). Whatever goes wrong on the transport fails *every* pending request
+at once and marks the connection closed; the pool then drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Any, cast
+
+from ..errors import ConnectionLostError, FastCacheError, ProtocolError
+from ..protocol import ReplyKind, ReplyParser
+
+
+class Connection(asyncio.Protocol):
+    """A pipelined memcached connection. Create it through :func:`open_connection`."""
+
+    __slots__ = ("_closed_error", "_loop", "_parser", "_pending", "_transport", "last_used")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_value_size: int) -> None:
+        self._loop = loop
+        self._parser = ReplyParser(max_value_size=max_value_size)
+        self._pending: deque[tuple[asyncio.Future[Any], ReplyKind]] = deque()
+        self._transport: asyncio.Transport | None = None
+        self._closed_error: BaseException | None = None
+        self.last_used = time.monotonic()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        pending = self._pending
+        if not pending:
+            self.abort(ProtocolError(f"unsolicited data from the server: {data[:60]!r}"))
+            return
+        parser.feed(data)
+        while pending:
+            future, kind = pending[0]
+            try:
+                reply = parser.next_reply(kind)
+            except ProtocolError as exc:
+                self.abort(exc)
+                return
+            if reply is None:
+                return
+            pending.popleft()
+            if not future.done():
+                future.set_result(reply)
+        # Everything asked for has been answered; anything left in the parser's buffer is
+        # a reply to nothing, which the next request's parse would report.
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._closed_error is None:
+            self._closed_error = ConnectionLostError(
+                "the server closed the connection" if exc is None else f"connection lost: {exc}"
+            )
+        self._fail_pending(self._closed_error)
+        self._transport = None
+
+    # -- requests --------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed_error is not None or self._transport is None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def request(self, data: bytes, kind: ReplyKind) -> asyncio.Future[Any]:
+        """Write one request; the future resolves to its parsed reply."""
+        if self._closed_error is not None or self._transport is None:
+            raise self._closed_error or ConnectionLostError("connection is closed")
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._pending.append((future, kind))
+        self._transport.write(data)
+        return future
+
+    def request_many(self, data: bytes, kinds: list[ReplyKind]) -> list[asyncio.Future[Any]]:
+        """Write several requests in one write; one future per reply, in order."""
+        if self._closed_error is not None or self._transport is None:
+            raise self._closed_error or ConnectionLostError("connection is closed")
+        create = self._loop.create_future
+        futures: list[asyncio.Future[Any]] = [create() for _ in kinds]
+        self._pending.extend(zip(futures, kinds))
+        self._transport.write(data)
+        return futures
+
+    def send_noreply(self, data: bytes) -> None:
+        """Write requests that carry ``noreply``: nothing is queued for them."""
+        if self._closed_error is not None or self._transport is None:
+            raise self._closed_error or ConnectionLostError("connection is closed")
+        self._transport.write(data)
+
+    def abort(self, error: FastCacheError) -> None:
+        """Drop the connection now and fail whatever is still waiting with ``error``."""
+        if self._closed_error is None:
+            self._closed_error = error
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.abort()
+        self._fail_pending(self._closed_error)
+
+    def close(self) -> None:
+        """Close quietly (an idle connection being let go)."""
+        if self._closed_error is None:
+            self._closed_error = ConnectionLostError("connection closed by the client")
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.close()
+        self._fail_pending(self._closed_error)
+
+    def _fail_pending(self, error: BaseException) -> None:
+        pending = self._pending
+        while pending:
+            future, _kind = pending.popleft()
+            if not future.done():
+                future.set_exception(error)

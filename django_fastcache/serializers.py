@@ -1,0 +1,113 @@
+"""Turning cache values into (bytes, flags) and back.
+
+Flags follow the convention pymemcache and pylibmc share for the common types, so values
+stay readable by those clients: 0 raw bytes, 1 pickle, 2 integer, 8 zlib-compressed
+(combined with the others), 16 UTF-8 text; 32 is our JSON. Non-negative integers are
+stored as decimal digits so that memcached's ``incr``/``decr`` work on them.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zlib
+from typing import Any, Protocol
+
+FLAG_BYTES = 0
+FLAG_PICKLE = 1
+FLAG_INTEGER = 2
+FLAG_ZLIB = 8
+FLAG_TEXT = 16
+FLAG_JSON = 32
+
+_MAX_RAW_INTEGER = 2**64 - 1  # memcached's counters are unsigned 64-bit
+
+
+class Serializer(Protocol):
+    def dumps(self, value: Any) -> tuple[bytes, int]: ...
+
+    def loads(self, data: bytes, flags: int) -> Any: ...
+
+
+class _BaseSerializer:
+    def __init__(self, compress_min_length: int | None = None, compress_level: int = 6) -> None:
+        self.compress_min_length = compress_min_length
+        self.compress_level = compress_level
+
+    def dumps(self, value: Any) -> tuple[bytes, int]:
+        kind = type(value)
+        if kind is int and 0 <= value <= _MAX_RAW_INTEGER:
+            return b"%d" % value, FLAG_INTEGER  # raw, so that incr/decr work
+        if kind is bytes:
+            data, flags = value, FLAG_BYTES
+        elif kind is str:
+            data, flags = value.encode(), FLAG_TEXT
+        else:
+            data, flags = self._dump_object(value)
+        threshold = self.compress_min_length
+        if threshold is not None and len(data) >= threshold:
+            compressed = zlib.compress(data, self.compress_level)
+            if len(compressed) < len(data):
+                return compressed, flags | FLAG_ZLIB
+        return data, flags
+
+    def loads(self, data: bytes, flags: int) -> Any:
+        if flags & FLAG_ZLIB:
+            data = zlib.decompress(data)
+            flags &= ~FLAG_ZLIB
+        if flags == FLAG_INTEGER:
+            return int(data)
+        if flags == FLAG_TEXT:
+            return data.decode()
+        if flags == FLAG_BYTES:
+            return data
+        return self._load_object(data, flags)
+
+    def _dump_object(self, value: Any) -> tuple[bytes, int]:
+        raise NotImplementedError
+
+    def _load_object(self, data: bytes, flags: int) -> Any:
+        raise NotImplementedError
+
+
+class PickleSerializer(_BaseSerializer):
+    """The default: anything picklable. Unpicklable values raise ``pickle.PickleError``
+    (or whatever ``pickle`` raises), never stored half-way."""
+
+    def __init__(
+        self,
+        compress_min_length: int | None = None,
+        compress_level: int = 6,
+        protocol: int = pickle.HIGHEST_PROTOCOL,
+    ) -> None:
+        super().__init__(compress_min_length, compress_level)
+        self.protocol = protocol
+
+    def _dump_object(self, value: Any) -> tuple[bytes, int]:
+        return pickle.dumps(value, self.protocol), FLAG_PICKLE
+
+    def _load_object(self, data: bytes, flags: int) -> Any:
+        if flags == FLAG_PICKLE:
+            return pickle.loads(data)
+        if flags == FLAG_JSON:
+            return json.loads(data)
+        raise ValueError(f"cannot decode a value stored with flags {flags}")
+
+
+class JSONSerializer(_BaseSerializer):
+    """JSON for everything that is not bytes, str or a non-negative int: no code runs on
+    load, at the price of JSON's types (tuples come back as lists)."""
+
+    def _dump_object(self, value: Any) -> tuple[bytes, int]:
+        return json.dumps(value, separators=(",", ":")).encode(), FLAG_JSON
+
+    def _load_object(self, data: bytes, flags: int) -> Any:
+        if flags == FLAG_JSON:
+            return json.loads(data)
+        raise ValueError(f"refusing to decode a value stored with flags {flags} as JSON")
+
+
+SERIALIZERS: dict[str, type[_BaseSerializer]] = {
+    "pickle": PickleSerializer,
+    "json": JSONSerializer,
+}
