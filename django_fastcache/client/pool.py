@@ -112,6 +112,7 @@ class Pool:
         if address.path is not None:
             connecting = loop.create_unix_connection(factory, address.path)
         else:
+            assert address.host is not None and address.port is not None
             connecting = loop.create_connection(factory, address.host, address.port)
         try:
             _transport, connection = await asyncio.wait_for(connecting, settings.connect_timeout)
