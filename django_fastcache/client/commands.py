@@ -300,12 +300,13 @@ class CommandSet:
         data = cache_memlimit_command(megabytes, noreply=noreply)
         await self._broadcast(data, ReplyKind.OK, noreply)
 
-    async def _broadcast(self, data: bytes, kind: ReplyKind, noreply: bool) -> Any:
+    async def _broadcast(self, data: bytes, kind: ReplyKind, noreply: bool) -> dict[str, Any]:
+        """Each node's reply, by node id (nothing with noreply)."""
         nodes = range(len(self.cluster))
         if noreply:
             for node in nodes:
                 await self._send_noreply(node, data)
-            return None
+            return {}
         results = _raise_first_error(await self._pipelines({n: (data, [kind]) for n in nodes}))
         answers: dict[str, Any] = {}
         for node in nodes:

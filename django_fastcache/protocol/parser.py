@@ -1,0 +1,432 @@
+"""Incremental parser for memcached text-protocol replies.
+
+The parser owns a receive buffer. The connection feeds it whatever bytes arrive and asks
+for the reply to its oldest pending request with ``next_reply(kind)``; the parser answers
+with the whole reply or with None when more bytes are needed. Replies carry no request
+identifiers, so only the caller knows which kind of reply comes next.
+
+Value blocks are read by their declared length, never by looking for ``END``: a value may
+hold any bytes, ``\\r\\nEND\\r\\n`` included. Work done on an incomplete reply is kept
+(items parsed, where the line scan stopped, the header of the awaited value), so a large
+value arriving in many small pieces costs linear time.
+
+Error lines (``ERROR``, ``CLIENT_ERROR``, ``SERVER_ERROR``) are returned as exception
+instances rather than raised: the stream stays in step after them and the connection
+remains usable. Bytes that break the protocol raise ProtocolError, after which the parser
+refuses all further calls, since there is no telling where the next reply starts.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import NamedTuple
+
+from django_fastcache.errors import (
+    ClientError,
+    CommandError,
+    ConfigurationError,
+    ProtocolError,
+    ServerError,
+    UnknownCommandError,
+    ValueTooLargeError,
+)
+from django_fastcache.protocol.keys import show_bytes
+
+
+class ReplyKind(enum.IntEnum):
+    """The shape of reply a request gets, which tells the parser how to read it."""
+
+    RETRIEVAL = 0  # get/gets/gat/gats: VALUE blocks, then END
+    STORAGE = 1  # set/add/replace/append/prepend/cas: STORED, NOT_STORED, EXISTS, NOT_FOUND
+    DELETE = 2  # delete: DELETED or NOT_FOUND
+    TOUCH = 3  # touch: TOUCHED or NOT_FOUND
+    ARITHMETIC = 4  # incr/decr: the new value, or NOT_FOUND
+    OK = 5  # flush_all, verbosity, cache_memlimit: OK
+    VERSION = 6  # version: VERSION <text>
+    STATS = 7  # stats: STAT <name> <value> lines, then END
+
+
+class Status(enum.Enum):
+    """A one-word reply. Each member's value is the exact line the server sends for it."""
+
+    STORED = b"STORED"
+    NOT_STORED = b"NOT_STORED"
+    EXISTS = b"EXISTS"
+    NOT_FOUND = b"NOT_FOUND"
+    DELETED = b"DELETED"
+    TOUCHED = b"TOUCHED"
+    OK = b"OK"
+
+
+class Item(NamedTuple):
+    """One VALUE block of a retrieval reply.
+
+    A NamedTuple rather than a frozen dataclass: it is just as immutable and about twice as
+    cheap to build, which matters because one is built per item of every get.
+    """
+
+    key: bytes
+    value: bytes
+    flags: int
+    cas: int | None  # set for gets/gats, None for get/gat
+
+
+Reply = list[Item] | Status | int | str | dict[str, str] | CommandError
+"""What next_reply returns for a complete reply; see ReplyParser.next_reply."""
+
+_UINT32_MAX = 2**32 - 1
+_UINT64_MAX = 2**64 - 1
+
+_VALUE_HEADER = re.compile(
+    rb"VALUE ([\x21-\x7e\x80-\xff]+) ([0-9]{1,10}) ([0-9]{1,20})(?: ([0-9]{1,20}))?"
+)
+
+_STORAGE_REPLIES = {
+    status.value: status
+    for status in (Status.STORED, Status.NOT_STORED, Status.EXISTS, Status.NOT_FOUND)
+}
+_DELETE_REPLIES = {status.value: status for status in (Status.DELETED, Status.NOT_FOUND)}
+_TOUCH_REPLIES = {status.value: status for status in (Status.TOUCHED, Status.NOT_FOUND)}
+_OK_REPLIES = {Status.OK.value: Status.OK}
+
+# Values at least this long are copied out through a memoryview: one copy instead of two.
+_VIEW_COPY_THRESHOLD = 4096
+# Consumed bytes are dropped from the buffer's front once there are this many and they
+# outnumber the unread ones, so compaction stays amortised linear.
+_COMPACT_THRESHOLD = 64 * 1024
+
+_SHOWN_BYTES = 60
+
+
+class ReplyParser:
+    """Turns the bytes of a memcached connection into replies, one request kind at a time."""
+
+    __slots__ = (
+        "_buffer",
+        "_failure",
+        "_header",
+        "_items",
+        "_max_line_length",
+        "_max_value_size",
+        "_pos",
+        "_scan",
+        "_stats",
+        "_waiting_kind",
+    )
+
+    def __init__(self, max_value_size: int = 1024 * 1024, max_line_length: int = 8192) -> None:
+        if isinstance(max_value_size, bool) or not isinstance(max_value_size, int):
+            raise ConfigurationError("max_value_size must be an int")
+        if isinstance(max_line_length, bool) or not isinstance(max_line_length, int):
+            raise ConfigurationError("max_line_length must be an int")
+        if max_value_size < 0 or max_line_length < 1:
+            raise ConfigurationError(
+                "max_value_size must be >= 0 and max_line_length >= 1,"
+                f" got {max_value_size} and {max_line_length}"
+            )
+        self._max_value_size = max_value_size
+        self._max_line_length = max_line_length
+        self._buffer = bytearray()
+        # Start of the next unread line or data block.
+        self._pos = 0
+        # Where the search for the end of the current line resumes; never below _pos.
+        self._scan = 0
+        # A retrieval in progress: the items read so far and the header of the value
+        # whose data block has not fully arrived yet.
+        self._items: list[Item] = []
+        self._header: tuple[bytes, int, int, int | None] | None = None
+        # A stats reply in progress.
+        self._stats: dict[str, str] = {}
+        # The kind whose reply was incomplete at the last call.
+        self._waiting_kind: ReplyKind | None = None
+        self._failure: ProtocolError | None = None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes received from the server."""
+        if self._failure is not None:
+            raise self._dead()
+        buffer = self._buffer
+        pos = self._pos
+        if pos:
+            if pos == len(buffer):
+                buffer.clear()
+                self._pos = self._scan = 0
+            elif pos >= _COMPACT_THRESHOLD and pos >= len(buffer) - pos:
+                del buffer[:pos]
+                self._scan -= pos
+                self._pos = 0
+        buffer += data
+
+    def next_reply(self, kind: ReplyKind) -> Reply | None:
+        """Return the next complete reply, read as a reply of ``kind``, or None for "not yet".
+
+        RETRIEVAL gives a list of Item (empty when nothing was found); STORAGE, DELETE,
+        TOUCH and OK give a Status; ARITHMETIC gives the new value as an int, or
+        Status.NOT_FOUND; VERSION gives the version text; STATS gives a dict of name to
+        value. In place of any of these an error line gives an UnknownCommandError,
+        ClientError, ServerError or ValueTooLargeError instance.
+
+        After None, call again with the same kind once more bytes have been fed.
+        Raises ProtocolError when the bytes do not follow the protocol; the parser is
+        unusable from then on.
+        """
+        if self._failure is not None:
+            raise self._dead()
+        if self._waiting_kind is not None and kind != self._waiting_kind:
+            raise RuntimeError(
+                f"next_reply({kind!r}) called with a {self._waiting_kind!r} reply unfinished"
+            )
+        reply = _READERS[kind](self)
+        self._waiting_kind = kind if reply is None else None
+        return reply
+
+    # -- readers, one per reply kind -------------------------------------------------------
+
+    def _read_retrieval(self) -> list[Item] | CommandError | None:
+        buffer = self._buffer
+        items = self._items
+        header = self._header
+        while True:
+            if header is None:
+                pos = self._pos
+                # END closes every retrieval, hit or miss: match it without a line search.
+                if buffer.startswith(b"END\r\n", pos):
+                    self._pos = self._scan = pos + 5
+                    self._items = []
+                    return items
+                end = self._line_end()
+                if end < 0:
+                    return None
+                match = _VALUE_HEADER.fullmatch(buffer, pos, end)
+                if match is None:
+                    # Partial items are dropped: the error answers the whole request.
+                    self._items = []
+                    return self._error_line(pos, end, "get/gets/gat/gats")
+                key, flags_digits, length_digits, cas_digits = match.groups()
+                flags = int(flags_digits)
+                length = int(length_digits)
+                cas = None if cas_digits is None else int(cas_digits)
+                if (
+                    flags > _UINT32_MAX
+                    or length > self._max_value_size
+                    or (cas is not None and cas > _UINT64_MAX)
+                ):
+                    raise self._bad_value_header(pos, end, flags, length, cas)
+                header = (key, flags, length, cas)
+                self._pos = self._scan = end + 2
+            key, flags, length, cas = header
+            start = self._pos
+            data_end = start + length
+            available = len(buffer)
+            if available < data_end + 2:
+                # Wait for the rest, unless the byte after the data already shows it is wrong.
+                if available > data_end and buffer[data_end] != 13:
+                    raise self._bad_data_end(key, data_end)
+                self._header = header
+                return None
+            if buffer[data_end] != 13 or buffer[data_end + 1] != 10:
+                raise self._bad_data_end(key, data_end)
+            if length < _VIEW_COPY_THRESHOLD:
+                value = bytes(buffer[start:data_end])
+            else:
+                with memoryview(buffer) as view:
+                    value = bytes(view[start:data_end])
+            items.append(Item(key, value, flags, cas))
+            header = self._header = None
+            self._pos = self._scan = data_end + 2
+
+    def _read_storage(self) -> Status | CommandError | None:
+        return self._read_status(_STORAGE_REPLIES, "a storage command")
+
+    def _read_delete(self) -> Status | CommandError | None:
+        return self._read_status(_DELETE_REPLIES, "delete")
+
+    def _read_touch(self) -> Status | CommandError | None:
+        return self._read_status(_TOUCH_REPLIES, "touch")
+
+    def _read_ok(self) -> Status | CommandError | None:
+        end = self._line_end()
+        if end < 0:
+            return None
+        pos = self._pos
+        line = bytes(self._buffer[pos:end])
+        if line == b"OK":
+            self._pos = self._scan = end + 2
+            return Status.OK
+        if line.startswith(b"MEMLIMIT_"):
+            # cache_memlimit's refusals (MEMLIMIT_TOO_SMALL ...) use their own words but,
+            # like SERVER_ERROR, leave the stream in step.
+            self._pos = self._scan = end + 2
+            return ServerError(_text(line))
+        return self._error_line(pos, end, "flush_all/verbosity/cache_memlimit")
+
+    def _read_arithmetic(self) -> int | Status | CommandError | None:
+        end = self._line_end()
+        if end < 0:
+            return None
+        pos = self._pos
+        line = bytes(self._buffer[pos:end])
+        # bytes.isdigit accepts ASCII digits only, and is False for an empty line.
+        if line.isdigit():
+            if len(line) > 20 or int(line) > _UINT64_MAX:
+                raise self._fail(f"incr/decr result out of 64-bit range: {_show(line)}")
+            self._pos = self._scan = end + 2
+            return int(line)
+        if line == b"NOT_FOUND":
+            self._pos = self._scan = end + 2
+            return Status.NOT_FOUND
+        return self._error_line(pos, end, "incr/decr")
+
+    def _read_version(self) -> str | CommandError | None:
+        end = self._line_end()
+        if end < 0:
+            return None
+        pos = self._pos
+        if self._buffer.startswith(b"VERSION ", pos):
+            version = _text(bytes(self._buffer[pos + 8 : end]))
+            self._pos = self._scan = end + 2
+            return version
+        return self._error_line(pos, end, "version")
+
+    def _read_stats(self) -> dict[str, str] | CommandError | None:
+        buffer = self._buffer
+        stats = self._stats
+        while True:
+            end = self._line_end()
+            if end < 0:
+                return None
+            pos = self._pos
+            if buffer.startswith(b"STAT ", pos):
+                name, _, value = bytes(buffer[pos + 5 : end]).partition(b" ")
+                if not name:
+                    raise self._fail(f"STAT line without a name: {_show(buffer[pos:end])}")
+                stats[_text(name)] = _text(value)
+                self._pos = self._scan = end + 2
+                continue
+            self._stats = {}
+            if end - pos == 3 and buffer.startswith(b"END", pos):
+                self._pos = self._scan = end + 2
+                return stats
+            return self._error_line(pos, end, "stats")
+
+    # -- shared steps ----------------------------------------------------------------------
+
+    def _read_status(
+        self, replies: dict[bytes, Status], request: str
+    ) -> Status | CommandError | None:
+        end = self._line_end()
+        if end < 0:
+            return None
+        pos = self._pos
+        status = replies.get(bytes(self._buffer[pos:end]))
+        if status is None:
+            return self._error_line(pos, end, request)
+        self._pos = self._scan = end + 2
+        return status
+
+    def _line_end(self) -> int:
+        """Index of the ``\\r`` ending the line at _pos, or -1 if the line is incomplete."""
+        buffer = self._buffer
+        pos = self._pos
+        limit = pos + self._max_line_length + 2
+        newline = buffer.find(b"\n", self._scan, limit)
+        if newline < 0:
+            if len(buffer) >= limit:
+                raise self._fail(
+                    f"no line ending within {self._max_line_length} bytes:"
+                    f" {_show(buffer[pos:limit])}"
+                )
+            # Searching for the single byte \n, so nothing before here needs a second look.
+            self._scan = len(buffer)
+            return -1
+        if newline == pos or buffer[newline - 1] != 13:
+            raise self._fail(
+                f"line ends with a bare b'\\n' instead of b'\\r\\n':"
+                f" {_show(buffer[pos : newline + 1])}"
+            )
+        return newline - 1
+
+    def _error_line(self, pos: int, end: int, request: str) -> CommandError:
+        """Consume and return the error line at pos, or fail if it is not one."""
+        line = bytes(self._buffer[pos:end])
+        error = _command_error(line)
+        if error is None:
+            if line.startswith(b"VALUE "):
+                raise self._fail(f"malformed VALUE line: {_show(line)}")
+            raise self._fail(f"unexpected reply to {request}: {_show(line)}")
+        self._pos = self._scan = end + 2
+        return error
+
+    def _bad_value_header(
+        self, pos: int, end: int, flags: int, length: int, cas: int | None
+    ) -> ProtocolError:
+        line = _show(self._buffer[pos:end])
+        if length > self._max_value_size:
+            return self._fail(
+                f"VALUE line declares {length} bytes, over the limit of"
+                f" {self._max_value_size}: {line}"
+            )
+        if flags > _UINT32_MAX:
+            return self._fail(f"VALUE line flags do not fit in 32 bits: {line}")
+        return self._fail(f"VALUE line cas unique does not fit in 64 bits: {line}")
+
+    def _bad_data_end(self, key: bytes, data_end: int) -> ProtocolError:
+        after = self._buffer[data_end : data_end + 2]
+        return self._fail(
+            f"the value of {show_bytes(key)} is followed by {_show(after)} instead of b'\\r\\n'"
+        )
+
+    def _fail(self, message: str) -> ProtocolError:
+        """Record the parser as dead and return the error for the caller to raise."""
+        self._failure = ProtocolError(message)
+        # Nothing buffered will ever be read now; let the memory go.
+        self._buffer = bytearray()
+        self._pos = self._scan = 0
+        self._items = []
+        self._header = None
+        self._stats = {}
+        return self._failure
+
+    def _dead(self) -> ProtocolError:
+        return ProtocolError(f"the reply stream broke earlier and cannot be read: {self._failure}")
+
+
+# Indexed by ReplyKind.
+_READERS = (
+    ReplyParser._read_retrieval,
+    ReplyParser._read_storage,
+    ReplyParser._read_delete,
+    ReplyParser._read_touch,
+    ReplyParser._read_arithmetic,
+    ReplyParser._read_ok,
+    ReplyParser._read_version,
+    ReplyParser._read_stats,
+)
+
+
+def _command_error(line: bytes) -> CommandError | None:
+    """The error an ERROR/CLIENT_ERROR/SERVER_ERROR line reports, or None for other lines."""
+    word, _, message = line.partition(b" ")
+    if word == b"ERROR":
+        # memcached sends a bare ERROR; some proxies add an explanation.
+        return UnknownCommandError(_text(message))
+    if word == b"CLIENT_ERROR":
+        return ClientError(_text(message))
+    if word == b"SERVER_ERROR":
+        text = _text(message)
+        if text.startswith("object too large"):
+            return ValueTooLargeError(text)
+        return ServerError(text)
+    return None
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _show(data: bytes | bytearray) -> str:
+    return show_bytes(data, _SHOWN_BYTES)
+
+
+__all__ = ["Item", "Reply", "ReplyKind", "ReplyParser", "Status"]
