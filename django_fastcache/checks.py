@@ -40,7 +40,18 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
                 Error(f"CACHES[{alias!r}]: {problem.message}", hint=problem.hint, id=problem.id)
             )
         location = config.get("LOCATION", "")
-        servers = parse_locations(location) if location else []
+        try:
+            servers = parse_locations(location) if location else []
+        except (ConfigurationError, TypeError):
+            # Not a string nor a list of strings: report it rather than crash the check.
+            messages.append(
+                Error(
+                    f"CACHES[{alias!r}]: LOCATION must be a string or a list of strings, "
+                    f"got {location!r}.",
+                    id="django_fastcache.E012",
+                )
+            )
+            continue
         if not servers:
             messages.append(
                 Error(

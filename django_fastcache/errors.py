@@ -50,6 +50,10 @@ class ClientError(CommandError):
     """The server answered ``CLIENT_ERROR <message>``: it judged the request malformed."""
 
 
+class NonIntegerValueError(ClientError, TypeError):
+    """``incr``/``decr`` of a value memcached cannot count (not a non-negative integer)."""
+
+
 class ServerError(CommandError):
     """The server answered ``SERVER_ERROR <message>``."""
 
@@ -78,10 +82,6 @@ class OperationTimeoutError(NetworkError, builtins.TimeoutError):
     """A call ran past its timeout; its connection was discarded."""
 
 
-class NodeUnavailableError(NetworkError):
-    """The node is marked out (its circuit is open); no request was sent."""
-
-
 class ClientClosedError(FastCacheError):
     """The client was closed."""
 
@@ -97,7 +97,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidKeyError",
     "NetworkError",
-    "NodeUnavailableError",
+    "NonIntegerValueError",
     "OperationTimeoutError",
     "ProtocolError",
     "ServerError",

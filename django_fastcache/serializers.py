@@ -41,7 +41,10 @@ class _BaseSerializer:
         if kind is bytes:
             data, flags = value, FLAG_BYTES
         elif kind is str:
-            data, flags = value.encode(), FLAG_TEXT
+            try:
+                data, flags = value.encode(), FLAG_TEXT
+            except UnicodeEncodeError:  # lone surrogates: not UTF-8, still a str to keep
+                data, flags = self._dump_object(value)
         else:
             data, flags = self._dump_object(value)
         threshold = self.compress_min_length

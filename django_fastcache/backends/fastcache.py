@@ -12,6 +12,7 @@ and calls ``close()`` after each request, which therefore has nothing to do.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import re
@@ -28,7 +29,13 @@ from ..client import Client
 from ..client.address import parse_locations
 from ..client.blocking import BlockingClient
 from ..client.commands import CommandSet
-from ..errors import ValueTooLargeError
+from ..errors import (
+    ClientError,
+    ConfigurationError,
+    NetworkError,
+    NonIntegerValueError,
+    ValueTooLargeError,
+)
 from ..serializers import SERIALIZERS, PickleSerializer, Serializer
 from .options import FastCacheOptions, parse_options
 
@@ -37,6 +44,8 @@ T = TypeVar("T")
 MEMCACHE_MAX_KEY_LENGTH = 250
 #: memcached treats a relative expiry above 30 days as a Unix timestamp.
 MAX_RELATIVE_EXPIRY = 60 * 60 * 24 * 30
+#: memcached's expiry is a signed 32-bit number: the latest absolute time it can hold.
+MAX_EXPTIME = 2**31 - 1
 _UNSAFE_KEY_BYTES = re.compile(rb"[\x00-\x20\x7f]")
 
 _clients: dict[tuple[Any, ...], tuple[Client, BlockingClient]] = {}
@@ -82,8 +91,20 @@ def make_serializer(options: FastCacheOptions) -> Serializer:
     return cls(options.compress_min_length, options.compress_level)
 
 
-def _raise_invalid_key(made: str, data: bytes) -> None:
+def _key_bytes(made: str) -> bytes | None:
+    """The key's UTF-8 bytes; None when it has none (lone surrogates)."""
+    try:
+        return made.encode()
+    except UnicodeEncodeError:
+        return None
+
+
+def _raise_invalid_key(made: str, data: bytes | None) -> None:
     """Raise Django's ``InvalidCacheKey``, with its messages, when ``data`` is unusable."""
+    if data is None:
+        raise InvalidCacheKey(
+            f"Cache key contains characters that will cause errors if used with memcached: {made!r}"
+        )
     if len(data) > MEMCACHE_MAX_KEY_LENGTH:
         raise InvalidCacheKey(
             f"Cache key will cause errors if used with memcached: {made!r} "
@@ -100,12 +121,22 @@ class FastCache(BaseCache):
 
     def __init__(self, server: str | list[str] | tuple[str, ...], params: dict[str, Any]) -> None:
         super().__init__(params)
-        # Kept as given, the way Django's memcached backends keep it.
-        self._servers = parse_locations(server)
+        # A bad configuration is refused on first use, not here: Django's own system checks
+        # build every cache alias, and raising here would stop them before FastCache's check
+        # could report each problem with its id.
+        self._configuration_error: str | None = None
+        try:
+            # Kept as given, the way Django's memcached backends keep it.
+            self._servers = parse_locations(server)
+        except (ConfigurationError, TypeError):
+            self._servers = []
+            self._configuration_error = (
+                f"Bad FastCache LOCATION: a string or a list of strings, got {server!r}."
+            )
         options, problems = parse_options(params.get("OPTIONS"))
         if problems:
-            raise ImproperlyConfigured(
-                "Bad FastCache OPTIONS: " + " ".join(p.message for p in problems)
+            self._configuration_error = "Bad FastCache OPTIONS: " + " ".join(
+                p.message for p in problems
             )
         self._options = options
         self._serializer = make_serializer(options)
@@ -115,6 +146,8 @@ class FastCache(BaseCache):
     def _shared_clients(self) -> tuple[Client, BlockingClient]:
         clients = self._clients
         if clients is None:
+            if self._configuration_error is not None:
+                raise ImproperlyConfigured(self._configuration_error)
             clients = self._clients = shared_clients(self._servers, self._options)
         return clients
 
@@ -131,18 +164,27 @@ class FastCache(BaseCache):
     def wire_key(self, key: Any, version: int | None = None) -> bytes:
         """The key as sent to memcached: prefixed, versioned, UTF-8, validated."""
         made = self.make_key(key, version=version)
-        data = made.encode()
-        if len(data) > MEMCACHE_MAX_KEY_LENGTH or _UNSAFE_KEY_BYTES.search(data):
-            if self._options.hash_invalid_keys:
-                return b"fastcache:h:" + hashlib.blake2b(data, digest_size=24).hexdigest().encode()
-            _raise_invalid_key(made, data)
-        return data
+        data: bytes | None
+        try:
+            data = made.encode()
+        except UnicodeEncodeError:  # lone surrogates: the key has no UTF-8 form
+            data = None
+        if (
+            data is not None
+            and len(data) <= MEMCACHE_MAX_KEY_LENGTH
+            and not _UNSAFE_KEY_BYTES.search(data)
+        ):
+            return data
+        if self._options.hash_invalid_keys:
+            raw = made.encode("utf-8", "surrogatepass")
+            return b"fastcache:h:" + hashlib.blake2b(raw, digest_size=24).hexdigest().encode()
+        _raise_invalid_key(made, data)
+        raise AssertionError("unreachable: the key was found invalid")
 
     def validate_key(self, key: Any) -> None:
         """Raise ``InvalidCacheKey`` for a made key memcached cannot carry."""
-        data = str(key).encode()
         if not self._options.hash_invalid_keys:
-            _raise_invalid_key(str(key), data)
+            _raise_invalid_key(str(key), _key_bytes(str(key)))
 
     def get_backend_timeout(self, timeout: float | object | None = DEFAULT_TIMEOUT) -> int:
         """Django's timeout as memcached's exptime: 0 never expires, -1 already expired."""
@@ -153,10 +195,10 @@ class FastCache(BaseCache):
         assert isinstance(timeout, (int, float))
         if timeout <= 0:
             return -1
-        seconds = math.ceil(timeout)  # a fraction of a second still means "a while"
-        if seconds > MAX_RELATIVE_EXPIRY:
-            return int(time.time()) + seconds
-        return seconds
+        if timeout > MAX_RELATIVE_EXPIRY:
+            # An absolute time for memcached, no later than the latest it can hold.
+            return min(int(time.time()) + math.ceil(min(timeout, MAX_EXPTIME)), MAX_EXPTIME)
+        return math.ceil(timeout)  # a fraction of a second still means "a while"
 
     def _encode(self, value: Any) -> tuple[bytes, int]:
         data, flags = self._serializer.dumps(value)
@@ -255,7 +297,10 @@ class FastCache(BaseCache):
         failed = await client.set_many(triples, exptime=exptime) if triples else []
         failed += too_large
         if failed:
-            await client.delete_many(failed)
+            # No old value may outlive a failed write. Keys whose node is unreachable
+            # cannot be deleted now; they are reported failed all the same.
+            with contextlib.suppress(NetworkError):
+                await client.delete_many(failed)
         return [originals[wire] for wire in failed]
 
     async def _delete_many(
@@ -269,10 +314,15 @@ class FastCache(BaseCache):
         self, client: CommandSet, key: Any, delta: int = 1, version: int | None = None
     ) -> int:
         wire = self.wire_key(key, version)
-        if delta < 0:
-            value = await client.decr(wire, -delta)
-        else:
-            value = await client.incr(wire, delta)
+        try:
+            if delta < 0:
+                value = await client.decr(wire, -delta)
+            else:
+                value = await client.incr(wire, delta)
+        except ClientError as exc:
+            # memcached refuses to count a value that is not a decimal number (a pickled
+            # object, a negative int): the same mistake locmem reports as a TypeError.
+            raise NonIntegerValueError(f"the value of {wire.decode()!r} is not an integer") from exc
         if value is None:
             raise ValueError(f"Key '{wire.decode()}' not found")
         return value

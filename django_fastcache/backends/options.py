@@ -7,6 +7,7 @@ and by the system check (which reports every problem at once, with an id).
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,7 +57,8 @@ class OptionProblem:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    # Finite only: an infinite timeout overflows the socket and event loop timers.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_int(value: Any) -> bool:
@@ -65,9 +67,14 @@ def _is_int(value: Any) -> bool:
 
 def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list[OptionProblem]]:
     """Options from a ``CACHES[...]["OPTIONS"]`` dict, and every problem found in it."""
+    if raw is not None and not isinstance(raw, Mapping):
+        problem = OptionProblem(
+            "django_fastcache.E009", f"OPTIONS must be a dict, got {type(raw).__name__}."
+        )
+        return FastCacheOptions(), [problem]
     raw = dict(raw or {})
     problems: list[OptionProblem] = []
-    unknown = sorted(set(raw) - OPTION_NAMES)
+    unknown = sorted(set(raw) - OPTION_NAMES, key=repr)
     for name in unknown:
         problems.append(
             OptionProblem(
@@ -116,7 +123,9 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
             )
         )
         raw.pop("min_connections")
-    if "serializer" in raw and raw["serializer"] not in SERIALIZERS:
+    if "serializer" in raw and not (
+        isinstance(raw["serializer"], str) and raw["serializer"] in SERIALIZERS
+    ):
         problems.append(
             OptionProblem(
                 "django_fastcache.E006",

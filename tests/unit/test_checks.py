@@ -1,0 +1,169 @@
+"""The system check over settings.CACHES: every FastCache alias, its OPTIONS and addresses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.core.checks import Error
+from django.test import override_settings
+
+from django_fastcache.backends import FastCache
+from django_fastcache.checks import check_fastcache_settings
+
+BACKEND = "django_fastcache.backends.FastCache"
+GOOD = "127.0.0.1:11211"
+
+
+class SubclassedFastCache(FastCache):
+    """A project's own subclass is checked like FastCache itself."""
+
+
+def run(caches: dict[str, dict[str, Any]]) -> list[Error]:
+    with override_settings(CACHES=caches):
+        return check_fastcache_settings()
+
+
+def ids(messages: list[Any]) -> list[str]:
+    return [message.id for message in messages]
+
+
+def test_good_settings_give_no_messages() -> None:
+    caches = {
+        "default": {"BACKEND": BACKEND, "LOCATION": GOOD},
+        "many": {
+            "BACKEND": BACKEND,
+            "LOCATION": ["10.0.0.5:11211", "[::1]:11212", "unix:/run/memcached.sock"],
+            "OPTIONS": {"serializer": "json", "min_connections": 2},
+        },
+        "joined": {"BACKEND": BACKEND, "LOCATION": "a.example:11211;b.example:11211"},
+    }
+    assert run(caches) == []
+
+
+def test_other_backends_are_not_checked() -> None:
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "redis": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "not an address at all",
+            "OPTIONS": {"bogus": 1},
+        },
+        "missing": {"BACKEND": "no.such.module.Backend", "OPTIONS": {"bogus": 1}},
+        "undotted": {"BACKEND": "nonsense"},
+    }
+    assert run(caches) == []
+
+
+def test_every_bad_option_is_an_error_with_its_id_and_alias() -> None:
+    caches = {
+        "default": {"BACKEND": BACKEND, "LOCATION": GOOD},
+        "shared": {
+            "BACKEND": BACKEND,
+            "LOCATION": GOOD,
+            "OPTIONS": {
+                "bogus": 1,
+                "connect_timeout": 0,
+                "max_value_size": 1.5,
+                "hash_invalid_keys": "yes",
+                "serializer": "yaml",
+                "pickle_protocol": -1,
+                "compress_level": 10,
+            },
+        },
+    }
+    messages = run(caches)
+    assert sorted(ids(messages)) == [f"django_fastcache.E00{n}" for n in (1, 2, 3, 4, 6, 7, 8)]
+    for message in messages:
+        assert isinstance(message, Error)
+        assert message.msg.startswith("CACHES['shared']: ")
+    unknown = next(m for m in messages if m.id == "django_fastcache.E001")
+    assert "'bogus'" in unknown.msg
+    assert unknown.hint
+
+
+def test_min_above_max_connections_is_e005() -> None:
+    caches = {
+        "default": {
+            "BACKEND": BACKEND,
+            "LOCATION": GOOD,
+            "OPTIONS": {"min_connections": 8, "max_connections": 2},
+        }
+    }
+    assert ids(run(caches)) == ["django_fastcache.E005"]
+
+
+def test_options_that_are_not_a_dict_are_e009() -> None:
+    caches = {"default": {"BACKEND": BACKEND, "LOCATION": GOOD, "OPTIONS": ["serializer"]}}
+    messages = run(caches)
+    assert ids(messages) == ["django_fastcache.E009"]
+
+
+@pytest.mark.parametrize("location", [None, "", [], " ; , "])
+def test_missing_location_is_e011(location: Any) -> None:
+    config: dict[str, Any] = {"BACKEND": BACKEND}
+    if location is not None:
+        config["LOCATION"] = location
+    messages = run({"default": config})
+    assert ids(messages) == ["django_fastcache.E011"]
+    assert "'default'" in messages[0].msg
+    assert messages[0].hint
+
+
+@pytest.mark.parametrize(
+    ("location", "bad"),
+    [
+        ("127.0.0.1:port", ["127.0.0.1:port"]),
+        ("127.0.0.1:99999", ["127.0.0.1:99999"]),
+        ("10.0.0.256:11211", ["10.0.0.256:11211"]),
+        ("unix:relative.sock", ["unix:relative.sock"]),
+        ("good.example:1;bad host:2", ["bad host:2"]),
+        (["ok.example:1", "::1:11211:x", "[::1"], ["::1:11211:x", "[::1"]),
+    ],
+)
+def test_each_bad_address_is_e012(location: Any, bad: list[str]) -> None:
+    messages = run({"default": {"BACKEND": BACKEND, "LOCATION": location}})
+    assert ids(messages) == ["django_fastcache.E012"] * len(bad)
+    for message, text in zip(messages, bad):
+        assert repr(text) in message.msg
+        assert message.msg.startswith("CACHES['default']: ")
+
+
+@pytest.mark.parametrize("location", [11211, ["127.0.0.1:11211", 11211], ("a", None)])
+def test_location_of_the_wrong_type_is_e012_not_a_crash(location: Any) -> None:
+    messages = run({"default": {"BACKEND": BACKEND, "LOCATION": location}})
+    assert ids(messages) == ["django_fastcache.E012"]
+    assert "LOCATION must be a string or a list of strings" in messages[0].msg
+
+
+def test_subclasses_of_fastcache_are_checked() -> None:
+    caches = {
+        "default": {
+            "BACKEND": f"{__name__}.SubclassedFastCache",
+            "LOCATION": "nohost:xx",
+            "OPTIONS": {"bogus": True},
+        }
+    }
+    assert sorted(ids(run(caches))) == ["django_fastcache.E001", "django_fastcache.E012"]
+
+
+def test_options_and_address_problems_are_reported_together() -> None:
+    caches = {
+        "a": {"BACKEND": BACKEND, "LOCATION": "x:0", "OPTIONS": {"compress_level": 0}},
+        "b": {"BACKEND": BACKEND, "OPTIONS": {"idle_timeout": -1}},
+    }
+    messages = run(caches)
+    assert sorted((m.msg.split(":")[0], m.id) for m in messages) == [
+        ("CACHES['a']", "django_fastcache.E008"),
+        ("CACHES['a']", "django_fastcache.E012"),
+        ("CACHES['b']", "django_fastcache.E002"),
+        ("CACHES['b'] has no LOCATION.", "django_fastcache.E011"),
+    ]
+
+
+def test_the_check_runs_with_django_cache_checks() -> None:
+    caches = {"default": {"BACKEND": BACKEND, "LOCATION": GOOD, "OPTIONS": {"serializer": "toml"}}}
+    with override_settings(CACHES=caches):
+        messages = checks.run_checks(tags=[checks.Tags.caches])
+    assert "django_fastcache.E006" in ids(messages)
