@@ -27,7 +27,7 @@ from django.conf import settings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from django_fastcache.testing.servers import MemcachedServer  # noqa: E402
+from django_fastcache.testing.servers import MemcachedServer
 
 VALUE = "x" * 100
 
@@ -103,9 +103,7 @@ def main() -> None:
             import emcache
 
             emcache_client = loop.run_until_complete(
-                emcache.create_client(
-                    [emcache.MemcachedHostAddress(server.host, server.port)]
-                )
+                emcache.create_client([emcache.MemcachedHostAddress(server.host, server.port)])
             )
             cases["emcache get (native async)"] = lambda: time_async(
                 loop, lambda: emcache_client.get(b":1:bench-key"), args.calls
