@@ -16,6 +16,7 @@ inherited sockets are closed in the child, which leaves the parent's untouched).
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
@@ -40,7 +41,7 @@ _RECV_SIZE = 256 * 1024
 class BlockingConnection:
     """One blocking socket to one node, with its own reply parser."""
 
-    __slots__ = ("_fd", "_parser", "_sock", "address", "timeout")
+    __slots__ = ("_fd", "_parser", "_poll", "_sock", "address", "timeout")
 
     def __init__(self, address: Address, timeout: float, connect_timeout: float,
                  max_value_size: int) -> None:  # fmt: skip
@@ -56,6 +57,8 @@ class BlockingConnection:
                     sock.close()
                     raise
             else:
+                assert address.host is not None
+                assert address.port is not None
                 sock = socket.create_connection((address.host, address.port), connect_timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except TimeoutError:
@@ -68,6 +71,19 @@ class BlockingConnection:
         self._sock = sock
         self._fd = sock.fileno()
         self._parser = ReplyParser(max_value_size=max_value_size)
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
+
+    def readable(self) -> bool:
+        """Whether the server sent anything (bytes, end of stream, an error) since last read.
+
+        Between requests the server has nothing to say: bytes now answer nothing and would be
+        read as the next request's reply, and end of stream means the server closed the
+        connection. A zero-timeout poll costs well under a microsecond.
+        """
+        # Bytes already read but used by no reply count too: the server sent more than
+        # it was asked for, and the stream is out of step.
+        return self._parser.unread > 0 or bool(self._poll.poll(0))
 
     def send(self, data: bytes) -> None:
         # A socket with a timeout polls before every send; a request almost always fits
@@ -87,14 +103,18 @@ class BlockingConnection:
         except OSError as exc:
             raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
 
-    def receive(self, kinds: list[ReplyKind]) -> list[Any]:
-        """The replies to requests already sent, in order (error replies included)."""
+    def receive(self, kinds: list[ReplyKind], deadline: float = 0.0) -> list[Any]:
+        """The replies to requests already sent, in order (error replies included).
+
+        The wait is bounded by ``timeout`` from when it starts, or by ``deadline`` (a
+        ``time.monotonic()`` value) when one is given, e.g. shared by several nodes' reads.
+        """
         parser = self._parser
         replies: list[Any] = []
-        deadline = 0.0
+        waited = False
         for kind in kinds:
             reply = parser.next_reply(kind)
-            if reply is None and deadline == 0.0:
+            if reply is None and not waited:
                 # The reply is often there already: read without the poll a timeout implies.
                 try:
                     chunk = os.read(self._fd, _RECV_SIZE)
@@ -108,6 +128,7 @@ class BlockingConnection:
                     parser.feed(chunk)
                     reply = parser.next_reply(kind)
             while reply is None:
+                waited = True
                 if deadline == 0.0:
                     deadline = time.monotonic() + self.timeout
                 else:
@@ -130,7 +151,7 @@ class BlockingConnection:
                 parser.feed(chunk)
                 reply = parser.next_reply(kind)
             replies.append(reply)
-        if deadline != 0.0:
+        if waited:
             self._sock.settimeout(self.timeout)
         return replies
 
@@ -155,6 +176,10 @@ class BlockingClient(CommandSet):
     def _connection(self, node: int) -> BlockingConnection:
         local = self._local
         connection = local.by_node.get(node)
+        if connection is not None and connection.readable():
+            # Unsolicited bytes or a closed connection: it cannot carry a request. Start afresh.
+            self._discard(node)
+            connection = None
         if connection is None:
             settings = self.cluster.settings
             connection = BlockingConnection(
@@ -205,7 +230,10 @@ class BlockingClient(CommandSet):
                 except FastCacheError as exc:
                     results[node] = exc
             return results
-        # Several nodes: write to all of them first, then read, so they work in parallel.
+        # Several nodes: write to all of them first, then read, so they work in parallel
+        # and within one shared timeout.
+        deadline = time.monotonic() + self.cluster.settings.timeout
+        connections = self._local.by_node
         sent: list[int] = []
         for node, (data, _kinds) in requests.items():
             try:
@@ -217,7 +245,7 @@ class BlockingClient(CommandSet):
         try:
             for node in sent:
                 try:
-                    results[node] = self._connection(node).receive(requests[node][1])
+                    results[node] = connections[node].receive(requests[node][1], deadline)
                 except FastCacheError as exc:
                     self._discard(node)
                     results[node] = exc

@@ -99,12 +99,13 @@ class Client(CommandSet):
         return inherited
 
     # -- the I/O primitives ------------------------------------------------------------
-    async def _acquire(self, pool: Pool) -> Connection:
+    async def _acquire(self, pool: Pool, deadline: float) -> Connection:
         connection = pool.try_acquire()
         if connection is not None:
             return connection
+        remaining = deadline - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(pool.acquire(), self.timeout)
+            return await asyncio.wait_for(pool.acquire(), remaining)
         except asyncio.TimeoutError:
             raise OperationTimeoutError(
                 f"no connection to {pool.address} within {self.timeout}s"
@@ -112,15 +113,16 @@ class Client(CommandSet):
 
     async def _request(self, node: int, data: bytes, kind: ReplyKind) -> Any:
         pool = self._pools()[node]
-        connection = await self._acquire(pool)
+        # One budget for the whole call: waiting for a connection uses it up too.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        connection = await self._acquire(pool, deadline)
         try:
             future = connection.request(data, kind)
         except FastCacheError:
             pool.release(connection)
             raise
-        timer = asyncio.get_running_loop().call_later(
-            self.timeout, _expire, connection, pool.address, self.timeout
-        )
+        timer = loop.call_at(deadline, _expire, connection, pool.address, self.timeout)
         try:
             reply = await future
         except asyncio.CancelledError:
@@ -137,15 +139,15 @@ class Client(CommandSet):
         return reply
 
     async def _pipeline(self, pool: Pool, data: bytes, kinds: list[ReplyKind]) -> list[Any]:
-        connection = await self._acquire(pool)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        connection = await self._acquire(pool, deadline)
         try:
             futures = connection.request_many(data, kinds)
         except FastCacheError:
             pool.release(connection)
             raise
-        timer = asyncio.get_running_loop().call_later(
-            self.timeout, _expire, connection, pool.address, self.timeout
-        )
+        timer = loop.call_at(deadline, _expire, connection, pool.address, self.timeout)
         try:
             replies = [await future for future in futures]
         except asyncio.CancelledError:
@@ -179,7 +181,7 @@ class Client(CommandSet):
 
     async def _send_noreply(self, node: int, data: bytes) -> None:
         pool = self._pools()[node]
-        connection = await self._acquire(pool)
+        connection = await self._acquire(pool, asyncio.get_running_loop().time() + self.timeout)
         try:
             connection.send_noreply(data)
         finally:

@@ -28,6 +28,7 @@ from ..protocol import (
     stats_command,
     storage_command,
     touch_command,
+    validate_key,
     verbosity_command,
     version_command,
 )
@@ -72,27 +73,27 @@ class CommandSet:
     # -- retrieval -----------------------------------------------------------------------
     async def get(self, key: bytes) -> Item | None:
         """The item (``value``, ``flags``) stored under ``key``, or None."""
-        node = self.cluster.node_index(key)
-        items = await self._request(node, get_command((key,)), ReplyKind.RETRIEVAL)
+        # Encoding first validates the key, before it is hashed to pick a node.
+        data = get_command((key,))
+        items = await self._request(self.cluster.node_index(key), data, ReplyKind.RETRIEVAL)
         return items[0] if items else None
 
     async def gets(self, key: bytes) -> Item | None:
         """Like :meth:`get`, with the item's CAS token in ``item.cas``."""
-        node = self.cluster.node_index(key)
-        items = await self._request(node, get_command((key,), cas=True), ReplyKind.RETRIEVAL)
+        data = get_command((key,), cas=True)
+        items = await self._request(self.cluster.node_index(key), data, ReplyKind.RETRIEVAL)
         return items[0] if items else None
 
     async def gat(self, key: bytes, exptime: int) -> Item | None:
         """Get and touch: fetch ``key`` and give it the expiry ``exptime``."""
-        node = self.cluster.node_index(key)
-        items = await self._request(node, gat_command((key,), exptime), ReplyKind.RETRIEVAL)
+        data = gat_command((key,), exptime)
+        items = await self._request(self.cluster.node_index(key), data, ReplyKind.RETRIEVAL)
         return items[0] if items else None
 
     async def gats(self, key: bytes, exptime: int) -> Item | None:
         """Get and touch, with the CAS token."""
-        node = self.cluster.node_index(key)
         data = gat_command((key,), exptime, cas=True)
-        items = await self._request(node, data, ReplyKind.RETRIEVAL)
+        items = await self._request(self.cluster.node_index(key), data, ReplyKind.RETRIEVAL)
         return items[0] if items else None
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, Item]:
@@ -114,6 +115,8 @@ class CommandSet:
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
+        for key in unique:
+            validate_key(key)  # before hashing: a str key must not reach the hash
         requests: Requests = {}
         for node, node_keys in self.cluster.group(unique).items():
             chunks = [
@@ -135,8 +138,8 @@ class CommandSet:
     async def _store(
         self, verb: bytes, key: bytes, value: bytes, flags: int, exptime: int, noreply: bool
     ) -> bool:
-        node = self.cluster.node_index(key)
         data = storage_command(verb, key, value, flags=flags, exptime=exptime, noreply=noreply)
+        node = self.cluster.node_index(key)
         if noreply:
             await self._send_noreply(node, data)
             return True
@@ -182,8 +185,8 @@ class CommandSet:
         """Store only if the item is unchanged since ``gets`` returned ``cas_token``.
 
         False when another write came first (``EXISTS``) or the item is gone."""
-        node = self.cluster.node_index(key)
         data = cas_command(key, value, cas_token, flags=flags, exptime=exptime, noreply=noreply)
+        node = self.cluster.node_index(key)
         if noreply:
             await self._send_noreply(node, data)
             return True
@@ -222,8 +225,8 @@ class CommandSet:
     # -- deletion, touch, arithmetic ----------------------------------------------------
     async def delete(self, key: bytes, *, noreply: bool = False) -> bool:
         """Remove ``key``; True when it existed."""
-        node = self.cluster.node_index(key)
         data = delete_command(key, noreply=noreply)
+        node = self.cluster.node_index(key)
         if noreply:
             await self._send_noreply(node, data)
             return True
@@ -231,13 +234,13 @@ class CommandSet:
 
     async def delete_many(self, keys: Iterable[bytes]) -> dict[bytes, bool]:
         """Remove keys, pipelined per node; each key maps to whether it existed."""
-        unique = list(dict.fromkeys(keys))
-        if not unique:
+        encoded = {key: delete_command(key) for key in keys}
+        if not encoded:
             return {}
-        groups = self.cluster.group(unique)
+        groups = self.cluster.group(encoded)
         requests: Requests = {
             node: (
-                b"".join([delete_command(k) for k in node_keys]),
+                b"".join([encoded[k] for k in node_keys]),
                 [ReplyKind.DELETE] * len(node_keys),
             )
             for node, node_keys in groups.items()
@@ -253,8 +256,8 @@ class CommandSet:
 
     async def touch(self, key: bytes, exptime: int, *, noreply: bool = False) -> bool:
         """Give ``key`` a new expiry; True when it exists."""
-        node = self.cluster.node_index(key)
         data = touch_command(key, exptime, noreply=noreply)
+        node = self.cluster.node_index(key)
         if noreply:
             await self._send_noreply(node, data)
             return True

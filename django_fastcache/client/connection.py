@@ -54,8 +54,10 @@ class Connection(asyncio.Protocol):
             pending.popleft()
             if not future.done():
                 future.set_result(reply)
-        # Everything asked for has been answered; anything left in the parser's buffer is
-        # a reply to nothing, which the next request's parse would report.
+        if parser.unread:
+            # Everything asked for is answered, yet bytes remain: the server sent more than
+            # it was asked for, and they must never be read as the next request's reply.
+            self.abort(ProtocolError("the server sent bytes nobody asked for"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._closed_error is None:

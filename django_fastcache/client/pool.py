@@ -112,7 +112,8 @@ class Pool:
         if address.path is not None:
             connecting = loop.create_unix_connection(factory, address.path)
         else:
-            assert address.host is not None and address.port is not None
+            assert address.host is not None
+            assert address.port is not None
             connecting = loop.create_connection(factory, address.host, address.port)
         try:
             _transport, connection = await asyncio.wait_for(connecting, settings.connect_timeout)
@@ -139,6 +140,9 @@ class Pool:
 
     def release(self, connection: Connection) -> None:
         """Return a connection after a completed operation."""
+        if self._closed and not connection.closed:
+            # In use when the pool was closed: nobody will take it from the idle list again.
+            connection.close()
         if connection.closed:
             self._forget()
             return

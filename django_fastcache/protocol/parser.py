@@ -142,6 +142,14 @@ class ReplyParser:
         self._waiting_kind: ReplyKind | None = None
         self._failure: ProtocolError | None = None
 
+    @property
+    def unread(self) -> int:
+        """Bytes received that no reply has used yet.
+
+        Between requests this must be 0: anything else was sent without being asked for,
+        and the stream can no longer be trusted to be in step."""
+        return len(self._buffer) - self._pos
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes received from the server."""
         if self._failure is not None:

@@ -21,6 +21,7 @@ from django.core import checks
 from django.core.cache import caches
 from django.core.cache.backends.base import InvalidCacheKey
 from django.core.signals import request_finished
+from django.db import close_old_connections
 from django.test import override_settings
 
 from django_fastcache.backends import FastCache
@@ -97,6 +98,18 @@ class Probe:
         self.sock.close()
 
 
+def _finish_request() -> None:
+    """Send request_finished as Django does after a response, without the database part.
+
+    Django's own receiver that closes database connections is left out: these tests use
+    no database, and pytest-django refuses database access outside marked tests."""
+    request_finished.disconnect(close_old_connections)
+    try:
+        request_finished.send(sender=None)
+    finally:
+        request_finished.connect(close_old_connections)
+
+
 @pytest.fixture
 def probe(memcached: MemcachedServer) -> Iterator[Probe]:
     probe = Probe(memcached)
@@ -145,7 +158,7 @@ def test_close_keeps_the_sync_connection(cache: FastCache, probe: Probe) -> None
     connection = cache.blocking_client._local.by_node[0]
     accepted = probe.stats()["total_connections"]
     cache.close()
-    request_finished.send(sender=None)
+    _finish_request()
     assert cache.get("k") == "v"
     assert cache.blocking_client._local.by_node[0] is connection
     assert probe.stats()["total_connections"] == accepted
@@ -189,7 +202,7 @@ def test_instances_per_thread_share_one_client(memcached: MemcachedServer) -> No
         assert len({id(instance) for instance in found}) == len(found)  # one per thread
         assert len({id(instance.client) for instance in found}) == 1
         assert len({id(instance.blocking_client) for instance in found}) == 1
-        request_finished.send(sender=None)  # Django closes every cache after a request
+        _finish_request()  # Django closes every cache after a request
         assert found[-1].get("missing", "default") == "default"
 
 

@@ -639,3 +639,15 @@ def test_arbitrary_bytes_never_escape_as_other_exceptions(garbage: bytes) -> Non
             drain(ReplyParser(), [garbage], kind)
         except ProtocolError:
             pass
+
+
+def test_unread_counts_bytes_no_reply_has_used() -> None:
+    parser = ReplyParser()
+    assert parser.unread == 0
+    parser.feed(b"STORED\r\nEND\r\nJUNK")
+    assert parser.next_reply(K.STORAGE) is Status.STORED
+    assert parser.unread == len(b"END\r\nJUNK")
+    assert parser.next_reply(K.RETRIEVAL) == []
+    assert parser.unread == len(b"JUNK")
+    parser.feed(b"\r\n")
+    assert parser.unread == len(b"JUNK\r\n")

@@ -1,0 +1,552 @@
+"""Both clients facing servers that misbehave.
+
+The scripted :class:`FakeMemcached` produces what a real server cannot: garbage, a reply cut
+short, a reply that never comes or comes late, bytes nobody asked for. A real memcached is
+stopped with SIGSTOP for the "server hangs" case, and a free port with nothing listening
+plays a dead node. Time bounds are deliberately loose: a call must come back within about
+its timeout, never hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from django_fastcache.bridge import run_blocking
+from django_fastcache.client import Client
+from django_fastcache.client.blocking import BlockingClient
+from django_fastcache.client.cluster import ClientSettings, Cluster
+from django_fastcache.client.commands import CommandSet
+from django_fastcache.client.connection import Connection
+from django_fastcache.errors import (
+    ConnectFailedError,
+    ConnectionLostError,
+    OperationTimeoutError,
+    ProtocolError,
+)
+from django_fastcache.protocol import Item, ReplyKind
+from django_fastcache.testing.fake_server import Action, FakeMemcached
+from django_fastcache.testing.servers import MemcachedServer, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+T = TypeVar("T")
+Scenario = Callable[[CommandSet], Coroutine[Any, Any, T]]
+
+TIMEOUT = 0.3
+#: How far past its timeout a failing call may come back, at most.
+SLACK = 2.0
+
+VALUES = {b"a": b"alpha", b"b": b"beta", b"c": b"gamma"}
+
+
+def item(key: bytes) -> Item:
+    return Item(key, VALUES[key], 0, None)
+
+
+class Runner:
+    """Runs a scenario on a fresh client of one kind and closes the client afterwards."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __call__(self, servers: list[str], scenario: Scenario[T], **settings: Any) -> T:
+        settings.setdefault("timeout", TIMEOUT)
+        if self.kind == "async":
+            return asyncio.run(self._run_async(servers, scenario, settings))
+        client = BlockingClient(Cluster(servers, ClientSettings(**settings)))
+        try:
+            return run_blocking(scenario(client))
+        finally:
+            client.close_thread_connections()
+
+    @staticmethod
+    async def _run_async(servers: list[str], scenario: Scenario[T], settings: Any) -> T:
+        client = Client(servers, **settings)
+        try:
+            return await scenario(client)
+        finally:
+            await client.aclose()
+
+
+@pytest.fixture(params=["async", "blocking"])
+def run(request: pytest.FixtureRequest) -> Runner:
+    return Runner(request.param)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeMemcached]:
+    with FakeMemcached(values=VALUES) as server:
+        yield server
+
+
+def kill_server(server: MemcachedServer) -> None:
+    """Stop a memcached of the tests' own at once (SIGTERM would take a second)."""
+    process = server.process
+    server.kill()
+    if process is not None and process.stderr is not None:
+        process.stderr.close()
+
+
+def pause(server: MemcachedServer) -> None:
+    """SIGSTOP the server and wait until every one of its threads has really stopped.
+
+    The signal is delivered asynchronously: without the wait, a request sent at once may
+    still be answered.
+    """
+    server.pause()
+    assert server.process is not None
+    tasks = Path(f"/proc/{server.process.pid}/task")
+    if not tasks.is_dir():  # no procfs: nothing to poll
+        return
+    deadline = time.monotonic() + 5
+    while True:
+        states = []
+        for stat in tasks.glob("*/stat"):
+            try:
+                # The state follows the parenthesised command name.
+                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                continue
+        if states and all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"memcached did not stop: {states}"
+        time.sleep(0.001)
+
+
+@pytest.fixture(scope="module")
+def stoppable_memcached() -> Iterator[MemcachedServer]:
+    """A memcached of this module's own, for tests that stop it with SIGSTOP (and resume it)."""
+    server = MemcachedServer().start()
+    try:
+        yield server
+    finally:
+        kill_server(server)
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Let the event loop run until ``condition`` holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.005)
+
+
+def connections_of_requests(fake: FakeMemcached) -> list[int]:
+    return [request.connection for request in fake.requests]
+
+
+# -- bad replies -----------------------------------------------------------------------------
+def test_garbage_fails_the_call_and_discards_the_connection(
+    run: Runner, fake: FakeMemcached
+) -> None:
+    fake.script(Action.GARBAGE)
+
+    async def scenario(c: CommandSet) -> None:
+        with pytest.raises(ProtocolError):
+            await c.get(b"a")
+        assert await c.get(b"b") == item(b"b")
+        assert await c.get(b"a") == item(b"a")
+
+    run([fake.location], scenario)
+    # The garbled connection was dropped; the next calls came on a new one.
+    assert connections_of_requests(fake) == [1, 2, 2]
+    assert fake.wait_for(lambda: 1 in fake.closed_by_client)
+
+
+def test_truncated_reply_then_close(run: Runner, fake: FakeMemcached) -> None:
+    fake.script(Action.TRUNCATE)
+
+    async def scenario(c: CommandSet) -> None:
+        with pytest.raises(ConnectionLostError):
+            await c.get(b"a")
+        assert await c.get(b"b") == item(b"b")
+
+    run([fake.location], scenario)
+    assert connections_of_requests(fake) == [1, 2]
+
+
+def test_server_closing_at_once_fails_with_connection_lost(run: Runner) -> None:
+    with FakeMemcached(values=VALUES, close_on_connect=True) as closing:
+
+        async def scenario(c: CommandSet) -> None:
+            for _ in range(3):
+                with pytest.raises(ConnectionLostError):
+                    await c.get(b"a")
+
+        run([closing.location], scenario)
+        assert closing.accepted == 3
+
+
+def test_close_instead_of_a_reply(run: Runner, fake: FakeMemcached) -> None:
+    fake.script(Action.REPLY, Action.CLOSE)
+
+    async def scenario(c: CommandSet) -> None:
+        assert await c.set(b"x", b"1") is True
+        with pytest.raises(ConnectionLostError):
+            await c.get(b"x")
+        assert await c.get(b"x") == Item(b"x", b"1", 0, None)
+
+    run([fake.location], scenario)
+    assert connections_of_requests(fake) == [1, 1, 2]
+
+
+# -- late and missing replies ----------------------------------------------------------------
+def test_hung_server_times_out_and_its_late_reply_is_never_delivered(
+    run: Runner, fake: FakeMemcached
+) -> None:
+    """The held reply to "a" is sent the moment the request for "b" reaches the server."""
+    fake.script(Action.HOLD)
+
+    async def scenario(c: CommandSet) -> float:
+        started = time.monotonic()
+        with pytest.raises(OperationTimeoutError):
+            await c.get(b"a")
+        elapsed = time.monotonic() - started
+        assert await c.get(b"b") == item(b"b")
+        assert await c.get(b"c") == item(b"c")
+        return elapsed
+
+    elapsed = run([fake.location], scenario)
+    assert elapsed < TIMEOUT + SLACK
+    assert connections_of_requests(fake) == [1, 2, 2]
+
+
+def test_never_answering_server_times_out_every_call(run: Runner) -> None:
+    with FakeMemcached(values=VALUES, default=Action.IGNORE) as silent:
+
+        async def scenario(c: CommandSet) -> None:
+            for call in (c.get(b"a"), c.set(b"k", b"v"), c.get_many([b"a", b"b"]), c.version()):
+                started = time.monotonic()
+                with pytest.raises(OperationTimeoutError):
+                    await call
+                assert time.monotonic() - started < TIMEOUT + SLACK
+
+        run([silent.location], scenario)
+        # Every timed-out connection was dropped, never reused.
+        assert connections_of_requests(silent) == [1, 2, 3, 4]
+        assert silent.wait_for(lambda: silent.closed_by_client == [1, 2, 3, 4])
+
+
+def test_slow_reply_within_the_timeout_is_read(run: Runner) -> None:
+    with FakeMemcached(values=VALUES, default=Action.SLOW, slow_delay=0.2) as slow:
+
+        async def scenario(c: CommandSet) -> None:
+            assert await c.get(b"a") == item(b"a")
+            assert await c.get_many([b"b", b"c"]) == {b"b": item(b"b"), b"c": item(b"c")}
+
+        run([slow.location], scenario, timeout=5.0)
+        assert connections_of_requests(slow) == [1, 1]
+
+
+def test_slow_reply_past_the_timeout_is_dropped(run: Runner) -> None:
+    with FakeMemcached(values=VALUES, slow_delay=1.5) as slow:
+        slow.script(Action.SLOW)
+
+        async def scenario(c: CommandSet) -> None:
+            with pytest.raises(OperationTimeoutError):
+                await c.get(b"a")
+            assert await c.get(b"b") == item(b"b")
+
+        run([slow.location], scenario, timeout=0.3)
+        assert connections_of_requests(slow) == [1, 2]
+
+
+# -- bytes nobody asked for ----------------------------------------------------------------------
+def test_extra_bytes_after_a_reply_are_not_read_as_the_next_reply(
+    run: Runner, fake: FakeMemcached
+) -> None:
+    """The server answers "a" and, in the same write, sends an END that answers nothing."""
+    fake.script(Action.EXTRA)
+
+    async def scenario(c: CommandSet) -> None:
+        assert await c.get(b"a") == item(b"a")
+        assert await c.get(b"b") == item(b"b")
+        assert await c.get(b"c") == item(b"c")
+
+    run([fake.location], scenario)
+
+
+def test_unsolicited_bytes_on_an_idle_connection_are_not_read_as_a_reply(
+    run: Runner, fake: FakeMemcached
+) -> None:
+    async def scenario(c: CommandSet) -> None:
+        assert await c.get(b"a") == item(b"a")
+        # The connection now sits idle; a forged reply arrives on it.
+        assert fake.send_unsolicited(b"VALUE b 0 6\r\nforged\r\nEND\r\n") == 1
+        if isinstance(c, Client):
+            # The asyncio connection sees the bytes as they come: let it.
+            await eventually(lambda: fake.closed_by_client == [1])
+        assert await c.get(b"b") == item(b"b")
+        assert await c.get(b"c") == item(b"c")
+
+    run([fake.location], scenario)
+    assert connections_of_requests(fake) == [1, 2, 2]
+
+
+# -- dropped connections -------------------------------------------------------------------------
+def test_drop_fails_every_pipelined_request_at_once(fake: FakeMemcached) -> None:
+    async def scenario() -> list[BaseException | Any]:
+        loop = asyncio.get_running_loop()
+        _transport, connection = await loop.create_connection(
+            lambda: Connection(loop, 1024 * 1024), fake.host, fake.port
+        )
+        fake.script(Action.REPLY, Action.CLOSE)
+        futures = connection.request_many(
+            b"get a\r\nget b\r\nget c\r\nget a\r\n", [ReplyKind.RETRIEVAL] * 4
+        )
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*futures, return_exceptions=True), TIMEOUT + SLACK
+        )
+        assert connection.closed
+        assert connection.in_flight == 0
+        return outcomes
+
+    first, *rest = asyncio.run(scenario())
+    assert first == [item(b"a")]
+    assert all(isinstance(outcome, ConnectionLostError) for outcome in rest), rest
+    assert len({id(outcome) for outcome in rest}) == 1  # failed together, by one error
+
+
+def test_drop_during_a_pipelined_get_many(run: Runner) -> None:
+    """Over 100 keys go out as several pipelined get lines; the server drops after one."""
+    values = {b"key:%03d" % i: b"value %d" % i for i in range(250)}
+    with FakeMemcached(values=values) as server:
+        server.script(Action.REPLY, Action.CLOSE)
+
+        async def scenario(c: CommandSet) -> None:
+            # ConnectionLostError, not OperationTimeoutError: failed when the drop was seen.
+            with pytest.raises(ConnectionLostError):
+                await c.get_many(list(values))
+            found = await c.get_many(list(values))
+            assert {k: i.value for k, i in found.items()} == values
+
+        run([server.location], scenario)
+        # The server dropped the first connection before reading its third get line.
+        assert connections_of_requests(server) == [1, 1, 2, 2, 2]
+
+
+def test_drop_during_set_many_reports_the_nodes_keys_as_failed(
+    run: Runner, fake: FakeMemcached
+) -> None:
+    keys = [b"s%d" % i for i in range(5)]
+    fake.script(Action.REPLY, Action.CLOSE)
+
+    async def scenario(c: CommandSet) -> list[bytes]:
+        return await c.set_many([(k, b"v", 0) for k in keys])
+
+    failed = run([fake.location], scenario)
+    # The first was stored before the drop; the node failed, so all may be reported.
+    assert set(keys[1:]) <= set(failed) <= set(keys)
+
+
+# -- cancellation (asyncio only) -----------------------------------------------------------------
+def test_cancelled_request_discards_its_connection(fake: FakeMemcached) -> None:
+    fake.script(Action.HOLD)
+
+    async def scenario() -> None:
+        client = Client([fake.location], timeout=5.0)
+        try:
+            task = asyncio.create_task(client.get(b"a"))
+            await eventually(lambda: len(fake.requests) == 1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            metrics = client.pool_metrics()[fake.location]
+            assert (metrics["open"], metrics["opened"], metrics["closed"]) == (0, 1, 1)
+            await eventually(lambda: fake.closed_by_client == [1])
+            # The held reply to "a" goes out when "b" arrives, on the cancelled connection.
+            assert await client.get(b"b") == item(b"b")
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+    assert connections_of_requests(fake) == [1, 2]
+
+
+def test_cancelled_pipeline_discards_its_connection(fake: FakeMemcached) -> None:
+    fake.script(Action.HOLD)
+
+    async def scenario() -> None:
+        client = Client([fake.location], timeout=5.0)
+        try:
+            task = asyncio.create_task(client.get_many([b"a", b"b"]))
+            await eventually(lambda: len(fake.requests) == 1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert client.pool_metrics()[fake.location]["closed"] == 1
+            assert await client.get_many([b"c"]) == {b"c": item(b"c")}
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+    assert connections_of_requests(fake) == [1, 2]
+
+
+# -- dead and stopped nodes ----------------------------------------------------------------------
+def test_dead_node_fails_fast_and_keeps_failing_fast(run: Runner) -> None:
+    location = f"127.0.0.1:{free_port()}"
+
+    async def scenario(c: CommandSet) -> None:
+        # More attempts than the pool has connections: no slot may leak on failure.
+        for _ in range(6):
+            started = time.monotonic()
+            with pytest.raises(ConnectFailedError):
+                await c.get(b"a")
+            assert time.monotonic() - started < 1.0  # refused, not timed out
+        if isinstance(c, Client):
+            metrics = c.pool_metrics()[location]
+            assert (metrics["open"], metrics["connect_failures"]) == (0, 6)
+
+    run([location], scenario, timeout=5.0, connect_timeout=5.0, max_connections=2)
+
+
+def test_dead_node_among_live_ones(run: Runner, fake: FakeMemcached) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    locations = [fake.location, dead]
+    routing = Cluster(locations, ClientSettings())
+    keys = [b"k%d" % i for i in range(20)]
+    on_dead = {k for k in keys if routing.node_index(k) == 1}
+    assert on_dead
+    assert on_dead != set(keys)
+
+    async def scenario(c: CommandSet) -> None:
+        assert set(await c.set_many([(k, b"v", 0) for k in keys])) == on_dead
+        with pytest.raises(ConnectFailedError):
+            await c.get_many(keys)
+        live_key = next(k for k in keys if k not in on_dead)
+        assert await c.get(live_key) == Item(live_key, b"v", 0, None)
+
+    run(locations, scenario, connect_timeout=5.0)
+
+
+def test_stopped_memcached_times_out_then_recovers(
+    run: Runner, stoppable_memcached: MemcachedServer
+) -> None:
+    server = stoppable_memcached
+
+    async def scenario(c: CommandSet) -> None:
+        assert await c.set(b"k", b"v") is True  # the connection is open before the stop
+        pause(server)
+        try:
+            for call in (c.get(b"k"), c.get_many([b"k"]), c.set(b"k", b"w")):
+                started = time.monotonic()
+                with pytest.raises(OperationTimeoutError):
+                    await call
+                assert time.monotonic() - started < TIMEOUT + SLACK
+        finally:
+            server.resume()
+        found = await c.get(b"k")
+        assert found is not None
+        assert found.value in (b"v", b"w")  # the timed-out set may have landed after all
+
+    run([server.location], scenario)
+
+
+def test_stopped_node_in_a_cluster(
+    run: Runner, memcached: MemcachedServer, stoppable_memcached: MemcachedServer
+) -> None:
+    stopped = stoppable_memcached
+    locations = [memcached.location, stopped.location]
+    routing = Cluster(locations, ClientSettings())
+    keys = [b"n%d" % i for i in range(20)]
+    on_stopped = {k for k in keys if routing.node_index(k) == 1}
+    assert on_stopped
+    assert on_stopped != set(keys)
+
+    async def scenario(c: CommandSet) -> None:
+        assert await c.set_many([(k, b"v", 0) for k in keys]) == []
+        pause(stopped)
+        try:
+            started = time.monotonic()
+            failed = await c.set_many([(k, b"w", 0) for k in keys])
+            assert time.monotonic() - started < TIMEOUT + SLACK
+            assert set(failed) == on_stopped
+            with pytest.raises(OperationTimeoutError):
+                await c.get_many(keys)
+        finally:
+            stopped.resume()
+        found = await c.get_many(keys)
+        assert {k for k, i in found.items() if i.value == b"w"} >= set(keys) - on_stopped
+
+    run(locations, scenario)
+
+
+def test_blocking_client_replaces_a_connection_the_server_closed(
+    stoppable_memcached: MemcachedServer,
+) -> None:
+    """memcached restarts between two calls: the idle connection's end of stream is noticed
+    before the next request is written on it, so that request goes out on a new connection."""
+    server = stoppable_memcached
+    client = BlockingClient(Cluster([server.location], ClientSettings(timeout=2.0)))
+    try:
+        assert run_blocking(client.set(b"k", b"v")) is True
+        kill_server(server)
+        server.restart()  # same port, empty
+        assert run_blocking(client.get(b"k")) is None
+        assert run_blocking(client.set(b"k", b"again")) is True
+        assert run_blocking(client.get(b"k")) == Item(b"k", b"again", 0, None)
+    finally:
+        client.close_thread_connections()
+
+
+# -- the timeout bounds the whole call -----------------------------------------------------------
+def test_waiting_for_a_connection_counts_against_the_timeout() -> None:
+    """With one connection per node, a second call waits for the first; both share one budget.
+
+    The first call times out after ``timeout``; the second, queued behind it, must not start a
+    fresh ``timeout`` once it finally gets a connection.
+    """
+    timeout = 2.0
+    with FakeMemcached(values=VALUES, default=Action.IGNORE) as silent:
+
+        async def timed(client: Client, key: bytes) -> float:
+            started = time.monotonic()
+            with pytest.raises(OperationTimeoutError):
+                await client.get(key)
+            return time.monotonic() - started
+
+        async def scenario() -> list[float]:
+            client = Client([silent.location], timeout=timeout, max_connections=1)
+            try:
+                first = asyncio.create_task(timed(client, b"a"))
+                await eventually(lambda: len(silent.requests) == 1)
+                # Start the second call a little after the first, so the first call's
+                # connection is freed (by its timeout) before the second call's budget is out:
+                # the second call then gets a connection with 0.2 s of its budget left.
+                await asyncio.sleep(0.2)
+                second = asyncio.create_task(timed(client, b"b"))
+                return [await first, await second]
+            finally:
+                await client.aclose()
+
+        first, second = asyncio.run(scenario())
+    assert first < timeout + 1.0
+    assert second < timeout + 1.0
+
+
+def test_several_stopped_nodes_share_one_timeout(run: Runner) -> None:
+    """A blocking multi-node call reads the nodes one after another; the budget is shared."""
+    timeout = 1.5
+    with (
+        FakeMemcached(values=VALUES, default=Action.IGNORE) as one,
+        FakeMemcached(values=VALUES, default=Action.IGNORE) as two,
+    ):
+        locations = [one.location, two.location]
+        routing = Cluster(locations, ClientSettings())
+        keys = [b"t%d" % i for i in range(20)]
+        assert set(routing.group(keys)) == {0, 1}
+
+        async def scenario(c: CommandSet) -> float:
+            started = time.monotonic()
+            with pytest.raises(OperationTimeoutError):
+                await c.get_many(keys)
+            return time.monotonic() - started
+
+        assert run(locations, scenario, timeout=timeout) < timeout + 1.0
