@@ -49,6 +49,8 @@ def _ask(address: tuple[str, int] | str, request: bytes, expect: bytes) -> bool:
 class _ServerProcess:
     binary = ""
     install_hint = ""
+    #: How stop() ends the process: a server that keeps nothing can be killed outright.
+    stop_signal = signal.SIGTERM
 
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
@@ -93,7 +95,7 @@ class _ServerProcess:
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGCONT)  # a stopped process ignores TERM
-            self.process.terminate()
+            self.process.send_signal(self.stop_signal)
             try:
                 self.process.wait(5)
             except subprocess.TimeoutExpired:
@@ -111,12 +113,32 @@ class _ServerProcess:
         if self.process is not None:
             self.process.kill()
             self.process.wait(5)
+            if self.process.stderr is not None:
+                self.process.stderr.close()
             self.process = None
 
     def pause(self) -> None:
-        """SIGSTOP: the process keeps its sockets and data but answers nothing."""
+        """SIGSTOP: the process keeps its sockets and data but answers nothing.
+
+        Returns once every thread of the process has stopped: the signal is delivered
+        asynchronously, and a request sent at once could otherwise still be answered."""
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.process.pid}/task")
+        if not tasks.is_dir():  # no procfs to ask: nothing more can be known
+            return
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            states = []
+            for stat in tasks.glob("*/stat"):
+                with contextlib.suppress(OSError, IndexError):
+                    # The state is the first field after the parenthesised command name.
+                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+            if states and all(state in ("T", "t") for state in states):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.binary} did not stop: thread states {states}")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         assert self.process is not None
@@ -160,6 +182,7 @@ class MemcachedServer(_ServerProcess):
 
     binary = "memcached"
     install_hint = "apt-get install memcached"
+    stop_signal = signal.SIGKILL  # it keeps nothing; SIGTERM waits for its clock tick
 
     def __init__(
         self,

@@ -117,14 +117,6 @@ def node_get_many(location: str, keys: list[bytes]) -> dict[bytes, Item]:
         client.close_thread_connections()
 
 
-def kill_server(server: MemcachedServer) -> None:
-    """Stop a memcached of the tests' own at once (SIGTERM would take a second)."""
-    process = server.process
-    server.kill()
-    if process is not None and process.stderr is not None:
-        process.stderr.close()
-
-
 @pytest.fixture(scope="module")
 def private_memcached() -> Iterator[MemcachedServer]:
     """A memcached of this module's own, for commands whose effect outlives the test."""
@@ -132,7 +124,7 @@ def private_memcached() -> Iterator[MemcachedServer]:
     try:
         yield server
     finally:
-        kill_server(server)
+        server.kill()
 
 
 # -- retrieval -------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -85,40 +84,6 @@ def fake() -> Iterator[FakeMemcached]:
         yield server
 
 
-def kill_server(server: MemcachedServer) -> None:
-    """Stop a memcached of the tests' own at once (SIGTERM would take a second)."""
-    process = server.process
-    server.kill()
-    if process is not None and process.stderr is not None:
-        process.stderr.close()
-
-
-def pause(server: MemcachedServer) -> None:
-    """SIGSTOP the server and wait until every one of its threads has really stopped.
-
-    The signal is delivered asynchronously: without the wait, a request sent at once may
-    still be answered.
-    """
-    server.pause()
-    assert server.process is not None
-    tasks = Path(f"/proc/{server.process.pid}/task")
-    if not tasks.is_dir():  # no procfs: nothing to poll
-        return
-    deadline = time.monotonic() + 5
-    while True:
-        states = []
-        for stat in tasks.glob("*/stat"):
-            try:
-                # The state follows the parenthesised command name.
-                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
-            except (OSError, IndexError):
-                continue
-        if states and all(state in ("T", "t") for state in states):
-            return
-        assert time.monotonic() < deadline, f"memcached did not stop: {states}"
-        time.sleep(0.001)
-
-
 @pytest.fixture(scope="module")
 def stoppable_memcached() -> Iterator[MemcachedServer]:
     """A memcached of this module's own, for tests that stop it with SIGSTOP (and resume it)."""
@@ -126,7 +91,7 @@ def stoppable_memcached() -> Iterator[MemcachedServer]:
     try:
         yield server
     finally:
-        kill_server(server)
+        server.kill()
 
 
 async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -433,7 +398,7 @@ def test_stopped_memcached_times_out_then_recovers(
 
     async def scenario(c: CommandSet) -> None:
         assert await c.set(b"k", b"v") is True  # the connection is open before the stop
-        pause(server)
+        server.pause()
         try:
             for call in (c.get(b"k"), c.get_many([b"k"]), c.set(b"k", b"w")):
                 started = time.monotonic()
@@ -462,7 +427,7 @@ def test_stopped_node_in_a_cluster(
 
     async def scenario(c: CommandSet) -> None:
         assert await c.set_many([(k, b"v", 0) for k in keys]) == []
-        pause(stopped)
+        stopped.pause()
         try:
             started = time.monotonic()
             failed = await c.set_many([(k, b"w", 0) for k in keys])
@@ -487,7 +452,7 @@ def test_blocking_client_replaces_a_connection_the_server_closed(
     client = BlockingClient(Cluster([server.location], ClientSettings(timeout=2.0)))
     try:
         assert run_blocking(client.set(b"k", b"v")) is True
-        kill_server(server)
+        server.kill()
         server.restart()  # same port, empty
         assert run_blocking(client.get(b"k")) is None
         assert run_blocking(client.set(b"k", b"again")) is True

@@ -12,7 +12,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -48,40 +47,6 @@ class Probe:
         self._client.close_thread_connections()
 
 
-def kill_server(server: MemcachedServer) -> None:
-    """Stop a memcached of the tests' own at once (SIGTERM would take a second)."""
-    process = server.process
-    server.kill()
-    if process is not None and process.stderr is not None:
-        process.stderr.close()
-
-
-def pause(server: MemcachedServer) -> None:
-    """SIGSTOP the server and wait until every one of its threads has really stopped.
-
-    The signal is delivered asynchronously: without the wait, a request sent at once may
-    still be answered.
-    """
-    server.pause()
-    assert server.process is not None
-    tasks = Path(f"/proc/{server.process.pid}/task")
-    if not tasks.is_dir():  # no procfs: nothing to poll
-        return
-    deadline = time.monotonic() + 5
-    while True:
-        states = []
-        for stat in tasks.glob("*/stat"):
-            try:
-                # The state follows the parenthesised command name.
-                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
-            except (OSError, IndexError):
-                continue
-        if states and all(state in ("T", "t") for state in states):
-            return
-        assert time.monotonic() < deadline, f"memcached did not stop: {states}"
-        time.sleep(0.001)
-
-
 @pytest.fixture(scope="module")
 def _server_and_probe() -> Iterator[tuple[MemcachedServer, Probe, int]]:
     process = MemcachedServer().start()
@@ -90,7 +55,7 @@ def _server_and_probe() -> Iterator[tuple[MemcachedServer, Probe, int]]:
         yield process, reader, reader.current()
     finally:
         reader.close()
-        kill_server(process)
+        process.kill()
 
 
 @pytest.fixture
@@ -169,7 +134,7 @@ def test_waiters_get_connections_first_come_first_served(
         client = Client([server.location], max_connections=1, timeout=10.0)
         try:
             await client.get(b"warm-up")  # the one connection is open
-            pause(server)
+            server.pause()
             try:
                 tasks = [asyncio.create_task(call(client, 0))]
                 await asyncio.sleep(0)  # task 0 takes the connection and sends its request
@@ -310,7 +275,7 @@ def test_aclose_with_calls_in_flight_leaves_no_connection_open(
     async def scenario() -> None:
         client = Client([server.location], max_connections=1, timeout=10.0)
         await client.set(b"k", b"v")
-        pause(server)
+        server.pause()
         try:
             in_flight = asyncio.create_task(client.get(b"k"))
             await asyncio.sleep(0)
