@@ -8,27 +8,35 @@ through the sync bridge, on the calling thread and without an event loop. Client
 connections, are process-global and shared by every backend
 instance with the same configuration; Django creates a backend per thread and per request
 and calls ``close()`` after each request, which therefore has nothing to do.
+
+Values go through a store: memcached alone, or memcached with the disk tier behind it
+(:mod:`django_fastcache.tiered`, on by default).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
+import os
 import re
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, InvalidCacheKey
 from django.core.exceptions import ImproperlyConfigured
 
+from .. import signals
 from ..bridge import run_blocking
 from ..client import Client
 from ..client.address import parse_locations
 from ..client.blocking import BlockingClient
 from ..client.commands import CommandSet
+from ..disk import DiskStore, Journal, NodeStates
+from ..disk.location import default_directory
+from ..disk.location import prepare as prepare_directory
 from ..errors import (
     ClientError,
     ConfigurationError,
@@ -36,50 +44,87 @@ from ..errors import (
     NonIntegerValueError,
     ValueTooLargeError,
 )
+from ..expiry import memcached_exptime, seconds_to_live
+from ..maintenance import maintenance
 from ..serializers import SERIALIZERS, PickleSerializer, Serializer
+from ..stores import MemcachedStore, Store
+from ..tiered import TieredStore
 from .options import FastCacheOptions, parse_options
 
 T = TypeVar("T")
 
 MEMCACHE_MAX_KEY_LENGTH = 250
-#: memcached treats a relative expiry above 30 days as a Unix timestamp.
-MAX_RELATIVE_EXPIRY = 60 * 60 * 24 * 30
-#: memcached's expiry is a signed 32-bit number: the latest absolute time it can hold.
-MAX_EXPTIME = 2**31 - 1
 _UNSAFE_KEY_BYTES = re.compile(rb"[\x00-\x20\x7f]")
 
-_clients: dict[tuple[Any, ...], tuple[Client, BlockingClient]] = {}
-_clients_lock = threading.Lock()
+
+@dataclass(frozen=True)
+class Shared:
+    """What every backend instance with one configuration shares in a process."""
+
+    client: Client
+    blocking: BlockingClient
+    store: Store
+    tiered: TieredStore | None
 
 
-def shared_clients(servers: list[str], options: FastCacheOptions) -> tuple[Client, BlockingClient]:
-    """The process-wide (async, blocking) clients for these servers and options."""
-    identity = (
-        tuple(servers),
-        options.operation_timeout,
-        options.connect_timeout,
-        options.min_connections,
-        options.max_connections,
-        options.idle_timeout,
-        options.max_value_size,
+_shared: dict[tuple[Any, ...], Shared] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_stack(servers: list[str], options: FastCacheOptions) -> Shared:
+    """The process-wide clients and store for these servers and options."""
+    identity = (tuple(servers), options)
+    shared = _shared.get(identity)
+    if shared is None:
+        with _shared_lock:
+            shared = _shared.get(identity)
+            if shared is None:
+                shared = _shared[identity] = _build_stack(servers, options)
+    return shared
+
+
+def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
+    client = Client(
+        servers,
+        timeout=options.operation_timeout,
+        connect_timeout=options.connect_timeout,
+        min_connections=options.min_connections,
+        max_connections=options.max_connections,
+        idle_timeout=options.idle_timeout,
+        # Replies may carry values other clients stored, up to the server's limit.
+        max_value_size=max(options.max_value_size, 1024 * 1024) + 1024,
     )
-    clients = _clients.get(identity)
-    if clients is None:
-        with _clients_lock:
-            clients = _clients.get(identity)
-            if clients is None:
-                client = Client(
-                    servers,
-                    timeout=options.operation_timeout,
-                    connect_timeout=options.connect_timeout,
-                    min_connections=options.min_connections,
-                    max_connections=options.max_connections,
-                    idle_timeout=options.idle_timeout,
-                    # Replies may carry values other clients stored, up to the server's limit.
-                    max_value_size=max(options.max_value_size, 1024 * 1024) + 1024,
-                )
-                clients = _clients[identity] = (client, BlockingClient(client.cluster))
-    return clients
+    blocking = BlockingClient(client.cluster)
+    if not options.disk_tier:
+        return Shared(client, blocking, MemcachedStore(), None)
+    directory = options.disk_directory or default_directory(servers)
+    try:
+        prepare_directory(directory)
+    except OSError as exc:
+        raise ImproperlyConfigured(f"FastCache disk tier: {exc}") from exc
+    tiered = TieredStore(
+        client.cluster,
+        blocking,
+        DiskStore(
+            os.path.join(directory, "values"),
+            shards=options.disk_shards,
+            size_limit=options.disk_size_limit,
+            eviction_policy=options.disk_eviction_policy,
+            timeout=options.disk_timeout,
+        ),
+        Journal(os.path.join(directory, "journal.sqlite3")),
+        NodeStates(os.path.join(directory, "nodes"), client.cluster.node_ids),
+        max_staleness=options.disk_max_staleness,
+        on_node_out=lambda node_id: _announce_node_out(node_id, directory),
+    )
+    maintenance.register(tiered)
+    return Shared(client, blocking, tiered, tiered)
+
+
+def _announce_node_out(node_id: str, directory: str) -> None:
+    maintenance.node_went_out()
+    with contextlib.suppress(Exception):  # a receiver's error must not fail the request
+        signals.node_out.send(sender=FastCache, node=node_id, directory=directory)
 
 
 def make_serializer(options: FastCacheOptions) -> Serializer:
@@ -140,26 +185,37 @@ class FastCache(BaseCache):
             )
         self._options = options
         self._serializer = make_serializer(options)
-        self._clients: tuple[Client, BlockingClient] | None = None  # no I/O in __init__
+        self._stack: Shared | None = None  # no I/O in __init__: built on first use
 
     # -- plumbing ------------------------------------------------------------------------
-    def _shared_clients(self) -> tuple[Client, BlockingClient]:
-        clients = self._clients
-        if clients is None:
+    def _shared(self) -> Shared:
+        stack = self._stack
+        if stack is None:
             if self._configuration_error is not None:
                 raise ImproperlyConfigured(self._configuration_error)
-            clients = self._clients = shared_clients(self._servers, self._options)
-        return clients
+            stack = self._stack = shared_stack(self._servers, self._options)
+        return stack
 
     @property
     def client(self) -> Client:
         """The shared asyncio client (created on first use)."""
-        return self._shared_clients()[0]
+        return self._shared().client
 
     @property
     def blocking_client(self) -> BlockingClient:
         """The shared blocking client the sync API uses."""
-        return self._shared_clients()[1]
+        return self._shared().blocking
+
+    @property
+    def _store(self) -> Store:
+        return self._shared().store
+
+    def tier_stats(self) -> dict[str, Any] | None:
+        """The disk tier's state: per node ``state`` (up/out) and ``journal_length``, and
+        this process's counters (fallbacks, disk hits, refills, journaled writes, replays,
+        disk failures). None when the disk tier is off."""
+        tiered = self._shared().tiered
+        return None if tiered is None else tiered.snapshot()
 
     def wire_key(self, key: Any, version: int | None = None) -> bytes:
         """The key as sent to memcached: prefixed, versioned, UTF-8, validated."""
@@ -186,19 +242,17 @@ class FastCache(BaseCache):
         if not self._options.hash_invalid_keys:
             _raise_invalid_key(str(key), _key_bytes(str(key)))
 
-    def get_backend_timeout(self, timeout: float | object | None = DEFAULT_TIMEOUT) -> int:
-        """Django's timeout as memcached's exptime: 0 never expires, -1 already expired."""
+    def _ttl(self, timeout: float | object | None) -> float | None:
+        """Django's timeout as seconds to live: None forever, 0 already expired."""
         if timeout is DEFAULT_TIMEOUT:
             timeout = self.default_timeout
-        if timeout is None:
-            return 0
-        assert isinstance(timeout, (int, float))
-        if timeout <= 0:
-            return -1
-        if timeout > MAX_RELATIVE_EXPIRY:
-            # An absolute time for memcached, no later than the latest it can hold.
-            return min(int(time.time()) + math.ceil(min(timeout, MAX_EXPTIME)), MAX_EXPTIME)
-        return math.ceil(timeout)  # a fraction of a second still means "a while"
+        assert timeout is None or isinstance(timeout, (int, float))
+        return seconds_to_live(timeout, time.time())
+
+    def get_backend_timeout(self, timeout: float | object | None = DEFAULT_TIMEOUT) -> int:
+        """Django's timeout as memcached's exptime: 0 never expires, -1 already expired."""
+        now = time.time()
+        return memcached_exptime(self._ttl(timeout), now)
 
     def _encode(self, value: Any) -> tuple[bytes, int]:
         data, flags = self._serializer.dumps(value)
@@ -213,10 +267,10 @@ class FastCache(BaseCache):
     async def _get(
         self, client: CommandSet, key: Any, default: Any = None, version: int | None = None
     ) -> Any:
-        item = await client.get(self.wire_key(key, version))
-        if item is None:
+        found = await self._store.get(client, self.wire_key(key, version))
+        if found is None:
             return default
-        return self._serializer.loads(item.value, item.flags)
+        return self._serializer.loads(*found)
 
     async def _set(
         self,
@@ -227,17 +281,16 @@ class FastCache(BaseCache):
         version: int | None = None,
     ) -> None:
         wire = self.wire_key(key, version)
+        store = self._store
         try:
             data, flags = self._encode(value)
-            stored = await client.set(
-                wire, data, flags=flags, exptime=self.get_backend_timeout(timeout)
-            )
+            stored = await store.set(client, wire, data, flags, self._ttl(timeout))
         except ValueTooLargeError:
             # The old value must not outlive a failed set (sessions rely on this).
-            await client.delete(wire)
+            await store.delete(client, wire)
             raise
         if not stored:
-            await client.delete(wire)
+            await store.delete(client, wire)
 
     async def _add(
         self,
@@ -249,7 +302,7 @@ class FastCache(BaseCache):
     ) -> bool:
         wire = self.wire_key(key, version)
         data, flags = self._encode(value)
-        return await client.add(wire, data, flags=flags, exptime=self.get_backend_timeout(timeout))
+        return await self._store.add(client, wire, data, flags, self._ttl(timeout))
 
     async def _touch(
         self,
@@ -259,10 +312,10 @@ class FastCache(BaseCache):
         version: int | None = None,
     ) -> bool:
         wire = self.wire_key(key, version)
-        return await client.touch(wire, self.get_backend_timeout(timeout))
+        return await self._store.touch(client, wire, self._ttl(timeout))
 
     async def _delete(self, client: CommandSet, key: Any, version: int | None = None) -> bool:
-        return await client.delete(self.wire_key(key, version))
+        return await self._store.delete(client, self.wire_key(key, version))
 
     async def _get_many(
         self, client: CommandSet, keys: Iterable[Any], version: int | None = None
@@ -270,9 +323,9 @@ class FastCache(BaseCache):
         originals = {self.wire_key(key, version): key for key in keys}
         if not originals:
             return {}
-        items = await client.get_many(originals)
+        found = await self._store.get_many(client, list(originals))
         loads = self._serializer.loads
-        return {originals[wire]: loads(item.value, item.flags) for wire, item in items.items()}
+        return {originals[wire]: loads(*value) for wire, value in found.items()}
 
     async def _set_many(
         self,
@@ -293,14 +346,15 @@ class FastCache(BaseCache):
                 too_large.append(wire)
                 continue
             triples.append((wire, encoded, flags))
-        exptime = self.get_backend_timeout(timeout)
-        failed = await client.set_many(triples, exptime=exptime) if triples else []
+        store = self._store
+        ttl = self._ttl(timeout)
+        failed = await store.set_many(client, triples, ttl) if triples else []
         failed += too_large
         if failed:
             # No old value may outlive a failed write. Keys whose node is unreachable
             # cannot be deleted now; they are reported failed all the same.
             with contextlib.suppress(NetworkError):
-                await client.delete_many(failed)
+                await store.delete_many(client, failed)
         return [originals[wire] for wire in failed]
 
     async def _delete_many(
@@ -308,17 +362,16 @@ class FastCache(BaseCache):
     ) -> None:
         wires = [self.wire_key(key, version) for key in keys]
         if wires:
-            await client.delete_many(wires)
+            await self._store.delete_many(client, wires)
 
     async def _incr(
         self, client: CommandSet, key: Any, delta: int = 1, version: int | None = None
     ) -> int:
         wire = self.wire_key(key, version)
         try:
-            if delta < 0:
-                value = await client.decr(wire, -delta)
-            else:
-                value = await client.incr(wire, delta)
+            value = await self._store.incr(client, wire, delta)
+        except NonIntegerValueError:
+            raise
         except ClientError as exc:
             # memcached refuses to count a value that is not a decimal number (a pickled
             # object, a negative int): the same mistake locmem reports as a TypeError.
@@ -333,10 +386,10 @@ class FastCache(BaseCache):
         return await self._incr(client, key, -delta, version)
 
     async def _has_key(self, client: CommandSet, key: Any, version: int | None = None) -> bool:
-        return await client.get(self.wire_key(key, version)) is not None
+        return await self._store.get(client, self.wire_key(key, version)) is not None
 
     async def _clear(self, client: CommandSet) -> None:
-        await client.flush_all()
+        await self._store.clear(client)
 
     # -- the sync API: the operations run by the bridge over the blocking client -------------
     def get(self, key: Any, default: Any = None, version: int | None = None) -> Any:

@@ -45,6 +45,32 @@ class FastCacheOptions:
     #: characters) by a digest instead of raising ``InvalidCacheKey``.
     hash_invalid_keys: bool = False
 
+    # -- the disk tier ---------------------------------------------------------------
+    #: Keep a local disk tier (sharded SQLite) behind memcached.
+    disk_tier: bool = True
+    #: Its directory; None: one derived from LOCATION under the user's cache directory
+    #: (``$XDG_CACHE_HOME`` or ``~/.cache``, else the temp directory), created 0700.
+    disk_directory: str | None = None
+    #: SQLite shards.
+    disk_shards: int = 8
+    #: Bytes the disk tier may hold before it evicts.
+    disk_size_limit: int = 1024**3
+    #: Which entries go first when it is full.
+    disk_eviction_policy: str = "least-recently-stored"
+    #: Seconds SQLite waits for a lock before a disk operation gives up (and is retried
+    #: or let go; a request is never failed by the disk tier).
+    disk_timeout: float = 0.010
+    #: Seconds after its write a disk entry may still answer a memcached miss or an outage.
+    #: Bounds how stale an answer can be across hosts (see the disk tier docs).
+    disk_max_staleness: float = 300.0
+
+
+EVICTION_POLICIES = (
+    "least-recently-stored",
+    "least-recently-used",
+    "least-frequently-used",
+    "none",
+)
 
 OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(FastCacheOptions))
 
@@ -110,11 +136,20 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
         "operation_timeout",
         "connect_timeout",
         "idle_timeout",
+        "disk_timeout",
+        "disk_max_staleness",
     ):
         positive_number(name)
-    for name in ("min_connections", "max_connections", "max_value_size"):
+    for name in (
+        "min_connections",
+        "max_connections",
+        "max_value_size",
+        "disk_shards",
+        "disk_size_limit",
+    ):
         positive_int(name)
     boolean("hash_invalid_keys")
+    boolean("disk_tier")
 
     if raw.get("min_connections", 1) > raw.get("max_connections", 4):
         problems.append(
@@ -152,4 +187,19 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
             OptionProblem("django_fastcache.E008", "compress_level must be an integer 1-9.")
         )
         raw.pop("compress_level")
+    if "disk_eviction_policy" in raw and raw["disk_eviction_policy"] not in EVICTION_POLICIES:
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E010",
+                f"disk_eviction_policy must be one of {', '.join(EVICTION_POLICIES)}.",
+            )
+        )
+        raw.pop("disk_eviction_policy")
+    if "disk_directory" in raw and not (
+        raw["disk_directory"] is None or isinstance(raw["disk_directory"], str)
+    ):
+        problems.append(
+            OptionProblem("django_fastcache.E013", "disk_directory must be a path string.")
+        )
+        raw.pop("disk_directory")
     return FastCacheOptions(**raw), problems

@@ -282,13 +282,17 @@ class CommandSet:
         return None if reply is Status.NOT_FOUND else int(reply)
 
     # -- whole-node commands ------------------------------------------------------------
-    async def flush_all(self, delay: int = 0, *, noreply: bool = False) -> None:
-        """Invalidate every item on every node (after ``delay`` seconds)."""
-        await self._broadcast(flush_all_command(delay, noreply=noreply), ReplyKind.OK, noreply)
+    async def flush_all(
+        self, delay: int = 0, *, noreply: bool = False, nodes: Iterable[int] | None = None
+    ) -> None:
+        """Invalidate every item on every node, or on the ``nodes`` given by index
+        (after ``delay`` seconds)."""
+        data = flush_all_command(delay, noreply=noreply)
+        await self._broadcast(data, ReplyKind.OK, noreply, nodes)
 
-    async def version(self) -> dict[str, str]:
-        """Each node's version, by node id."""
-        return await self._broadcast(version_command(), ReplyKind.VERSION, False)
+    async def version(self, *, nodes: Iterable[int] | None = None) -> dict[str, str]:
+        """Each node's version (or the ``nodes`` given by index), by node id."""
+        return await self._broadcast(version_command(), ReplyKind.VERSION, False, nodes)
 
     async def stats(self, *args: str) -> dict[str, dict[str, str]]:
         """Each node's ``stats`` (or ``stats <args>``), by node id."""
@@ -303,9 +307,11 @@ class CommandSet:
         data = cache_memlimit_command(megabytes, noreply=noreply)
         await self._broadcast(data, ReplyKind.OK, noreply)
 
-    async def _broadcast(self, data: bytes, kind: ReplyKind, noreply: bool) -> dict[str, Any]:
+    async def _broadcast(
+        self, data: bytes, kind: ReplyKind, noreply: bool, only: Iterable[int] | None = None
+    ) -> dict[str, Any]:
         """Each node's reply, by node id (nothing with noreply)."""
-        nodes = range(len(self.cluster))
+        nodes = range(len(self.cluster)) if only is None else sorted(set(only))
         if noreply:
             for node in nodes:
                 await self._send_noreply(node, data)

@@ -4,7 +4,7 @@
 per-view cache, the template fragment cache and the sessions):
 
     locmem | filebased | memcached (alias: pylibmc) | pymemcache | redis | diskcache |
-    fastcache | fastcache-tiered
+    fastcache
 
 The servers come from ``EXAMPLE_MEMCACHED`` (``host:port`` or ``unix:/path``, default
 127.0.0.1:11211) and ``EXAMPLE_REDIS`` (default redis://127.0.0.1:6379/1); directory-based
@@ -29,6 +29,9 @@ SECRET_KEY = os.environ.get("EXAMPLE_SECRET_KEY", "example-project-not-for-produ
 DEBUG = os.environ.get("EXAMPLE_DEBUG") == "1"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]", "testserver"]
 USE_TZ = True
+# Django sets the process' TZ from TIME_ZONE (default America/Chicago): keep the gunicorn
+# workers' log times in the same zone as the master's.
+TIME_ZONE = "UTC"
 
 INSTALLED_APPS = [
     "django_fastcache",  # manage.py cachebench
@@ -39,6 +42,14 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
 ]
 ROOT_URLCONF = "example_project.urls"
+# A view that fails (a cache server that is not there, say) prints its traceback on stderr,
+# that is in gunicorn's log, even with DEBUG off: a load test's 500s then say why.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django.request": {"handlers": ["stderr"], "level": "ERROR"}},
+}
 WSGI_APPLICATION = "example_project.wsgi.application"
 TEMPLATES = [
     {

@@ -1,0 +1,170 @@
+"""The disk tier's values: a thin layer over diskcache's sharded ``FanoutCache``.
+
+Values are stored as the bytes memcached would hold, behind a small header (flags and the
+time of the write), so nothing is serialized twice and a refill of memcached sends exactly
+what a set would have sent. Every failure of SQLite or the file system surfaces as
+:class:`DiskError`; the caller decides what a failure means for consistency.
+
+Set-up choices, each to keep a write cheap on the request path:
+
+* ``cull_limit=0``: no eviction work inside a write; the tier's maintenance thread culls.
+* ``sqlite_synchronous=0``: commits reach the OS, not the platter. A process crash loses
+  nothing; a power cut may lose recent cache entries (the outage journal is kept apart,
+  with its own durability).
+* Operations go to the shard's ``Cache`` directly, because ``FanoutCache`` turns lock
+  timeouts into silent misses and failed writes, which the tiers cannot afford.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import diskcache
+
+from ..errors import FastCacheError
+
+_HEADER = struct.Struct("<Id")  # flags (u32), written at (seconds since the epoch)
+
+
+class DiskError(FastCacheError):
+    """The disk tier could not read or write (locked, read-only, removed, corrupt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DiskEntry:
+    data: bytes
+    flags: int
+    written_at: float
+    #: Seconds since the epoch when the entry expires; None: never.
+    expire_at: float | None
+
+    def remaining_seconds(self, now: float) -> float | None:
+        return None if self.expire_at is None else self.expire_at - now
+
+
+def _encode(data: bytes, flags: int, written_at: float) -> bytes:
+    return _HEADER.pack(flags, written_at) + data
+
+
+def _decode(raw: bytes, expire_at: float | None) -> DiskEntry:
+    flags, written_at = _HEADER.unpack_from(raw)
+    return DiskEntry(raw[_HEADER.size :], flags, written_at, expire_at)
+
+
+class DiskStore:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        shards: int = 8,
+        size_limit: int = 1024**3,
+        eviction_policy: str = "least-recently-stored",
+        timeout: float = 0.010,
+    ) -> None:
+        self.directory = directory
+        self._options: dict[str, Any] = {
+            "shards": shards,
+            "timeout": timeout,
+            "size_limit": size_limit,
+            "eviction_policy": eviction_policy,
+            "cull_limit": 0,
+            "sqlite_synchronous": 0,
+            "statistics": False,
+        }
+        self._fanout: diskcache.FanoutCache | None = None
+        self._pid = os.getpid()
+
+    # -- shards --------------------------------------------------------------------------
+    def _cache(self) -> diskcache.FanoutCache:
+        fanout = self._fanout
+        if fanout is None or self._pid != os.getpid():
+            # First use, or a forked child: SQLite connections must not cross a fork.
+            try:
+                fanout = diskcache.FanoutCache(self.directory, **self._options)
+            except Exception as exc:
+                raise DiskError(f"cannot open the disk tier at {self.directory}: {exc}") from exc
+            self._fanout, self._pid = fanout, os.getpid()
+        return fanout
+
+    def _shard(self, key: bytes) -> diskcache.Cache:
+        fanout = self._cache()
+        # FanoutCache's own placement, so that its whole-cache operations stay valid.
+        return fanout._shards[fanout._hash(key) % fanout._count]
+
+    @contextlib.contextmanager
+    def _failures(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except DiskError:
+            raise
+        except Exception as exc:  # SQLite, the file system, a lock timeout
+            raise DiskError(f"disk tier {what} failed: {type(exc).__name__}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def locked(self, key: bytes) -> Iterator[None]:
+        """Hold the write lock of ``key``'s shard (host-wide: every process shares it)."""
+        with self._failures("lock"), self._shard(key).transact(retry=False):
+            yield
+
+    # -- operations ----------------------------------------------------------------------
+    def get(self, key: bytes) -> DiskEntry | None:
+        with self._failures("read"):
+            raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
+        if raw is None:
+            return None
+        return _decode(raw, expire_at)
+
+    def set(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> None:
+        """Store ``data``; ``ttl`` in seconds (None: no expiry; <= 0: remove instead)."""
+        if ttl is not None and ttl <= 0:
+            self.delete(key)
+            return
+        with self._failures("write"):
+            self._shard(key).set(key, _encode(data, flags, time.time()), expire=ttl, retry=False)
+
+    def add(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
+        """Store only if ``key`` holds nothing (unexpired); True when stored."""
+        if ttl is not None and ttl <= 0:
+            return self.get(key) is None
+        with self._failures("write"):
+            return bool(
+                self._shard(key).add(
+                    key, _encode(data, flags, time.time()), expire=ttl, retry=False
+                )
+            )
+
+    def delete(self, key: bytes) -> bool:
+        with self._failures("delete"):
+            return bool(self._shard(key).delete(key, retry=False))
+
+    def touch(self, key: bytes, ttl: float | None) -> bool:
+        if ttl is not None and ttl <= 0:
+            self.delete(key)
+            return False
+        with self._failures("touch"):
+            return bool(self._shard(key).touch(key, expire=ttl, retry=False))
+
+    def clear(self) -> None:
+        with self._failures("clear"):
+            self._cache().clear(retry=True)
+
+    def cull(self) -> None:
+        """Evict down to the size limit and drop expired entries (maintenance work)."""
+        with self._failures("cull"):
+            self._cache().expire(retry=False)
+            self._cache().cull(retry=False)
+
+    def volume(self) -> int:
+        with self._failures("volume"):
+            return int(self._cache().volume())
+
+    def close(self) -> None:
+        if self._fanout is not None and self._pid == os.getpid():
+            self._fanout.close()
+        self._fanout = None

@@ -1,0 +1,117 @@
+"""The process's maintenance thread: probes nodes that are out, and culls the disk tier.
+
+Nothing here ever runs on a request. While any node is out (as the host-wide node state
+says, whichever process marked it), the thread probes it with ``version`` on backoff
+(0.05 s, doubling, at most ``MAX_BACKOFF``); a node that answers has its journal replayed
+as deletes and is marked up (:meth:`TieredStore.bring_back`). Every ``CULL_INTERVAL``
+seconds the disk tiers drop expired entries and evict down to their size limit.
+
+The thread is a daemon started on first need, and started again in a forked child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+
+from .disk import DiskError
+from .signals import node_back
+from .tiered import TieredStore
+
+MIN_BACKOFF = 0.05
+MAX_BACKOFF = 2.0
+CULL_INTERVAL = 60.0
+IDLE_TICK = 0.5
+
+
+class Maintenance:
+    def __init__(self) -> None:
+        self._stores: weakref.WeakSet[TieredStore] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        # Per (store, node): when to probe next, and the current backoff.
+        self._next_probe: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def register(self, store: TieredStore) -> None:
+        self._after_fork_check()
+        with self._lock:
+            self._stores.add(store)
+        self.ensure_running()
+
+    def node_went_out(self) -> None:
+        """A request marked a node out: probe soon (the thread may be idling)."""
+        self.ensure_running()
+        self._wake.set()
+
+    def _after_fork_check(self) -> None:
+        if self._pid != os.getpid():  # a forked child inherits no threads
+            self._pid = os.getpid()
+            self._thread = None
+            self._lock = threading.Lock()
+            self._wake = threading.Event()
+            self._next_probe.clear()
+
+    def ensure_running(self) -> None:
+        self._after_fork_check()
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="fastcache-maintenance", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        next_cull = time.monotonic() + CULL_INTERVAL
+        while True:
+            with self._lock:
+                stores = list(self._stores)
+            anything_out = False
+            for store in stores:
+                anything_out |= self._probe_out_nodes(store)
+            now = time.monotonic()
+            if now >= next_cull:
+                for store in stores:
+                    with contextlib.suppress(DiskError):
+                        store.disk.cull()
+                next_cull = now + CULL_INTERVAL
+            self._wake.wait(MIN_BACKOFF if anything_out else IDLE_TICK)
+            self._wake.clear()
+
+    def _probe_out_nodes(self, store: TieredStore) -> bool:
+        anything_out = False
+        for node in range(len(store.cluster)):
+            slot = (id(store), node)
+            if not store.states.is_out(node):
+                self._next_probe.pop(slot, None)
+                continue
+            anything_out = True
+            now = time.monotonic()
+            due, backoff = self._next_probe.get(slot, (now, MIN_BACKOFF))
+            if now < due:
+                continue
+            replayed = store.bring_back(node)
+            if replayed is None:
+                backoff = min(backoff * 2, MAX_BACKOFF)
+                self._next_probe[slot] = (time.monotonic() + backoff, backoff)
+                continue
+            self._next_probe.pop(slot, None)
+            with contextlib.suppress(Exception):  # a receiver's error must not stop probing
+                node_back.send(
+                    sender=TieredStore,
+                    node=store.cluster.node_ids[node],
+                    directory=store.disk.directory,
+                    replayed_keys=replayed,
+                )
+        return anything_out
+
+
+#: The one maintenance thread of the process.
+maintenance = Maintenance()

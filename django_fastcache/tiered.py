@@ -1,0 +1,469 @@
+"""memcached with the disk tier behind it: what each operation does to both, and when.
+
+The rules, which ``docs/disk-tier.md`` explains for users:
+
+* **Writes go to both tiers before they are acknowledged** (write-through), memcached first.
+  So on this host the disk tier always holds the latest acknowledged value of every key it
+  holds, and answering a memcached miss from it returns nothing older.
+* **Deletes, incr/decr and refills hold the key's disk shard lock** (a SQLite write lock every
+  process on the host shares) around their memcached round trip, so a refill can never put
+  back a value that a delete (or incr) removed or changed in the meantime. Refilling uses
+  ``add``: it never overwrites a newer value.
+* **A node that fails is marked out for the whole host** (:class:`~.disk.NodeStates`). Its
+  keys go straight to the disk tier, with no network wait; writes and deletes made then are
+  journaled (:class:`~.disk.Journal`). A background probe (:mod:`.maintenance`) replays the
+  journal as deletes on the node before marking it up again, under the journal's lock, so no
+  process reads a pre-outage value from it.
+* **A disk tier that fails never fails a request**: the memcached result stands, the key's
+  disk entry is dropped where possible, and the failure is counted.
+
+Synchronous pieces (the disk, and memcached round trips made under a disk lock) run on the
+blocking client even on the async path: a SQLite transaction belongs to its thread and must
+not stay open across an ``await``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .bridge import run_blocking
+from .client.blocking import BlockingClient
+from .client.cluster import Cluster
+from .client.commands import CommandSet
+from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
+from .errors import NetworkError, NonIntegerValueError
+from .expiry import memcached_exptime
+from .serializers import FLAG_INTEGER
+
+T = TypeVar("T")
+
+#: Journaled in place of a key: "flush the whole node" (a clear() made while it was out).
+FLUSH_MARK = b""
+_MAX_RETRIES = 3
+
+
+@dataclass
+class TierMetrics:
+    """Counters of this process (the journal length is host-wide, read on demand)."""
+
+    #: Reads answered by the disk tier because the key's node was out.
+    fallbacks: int = 0
+    #: memcached misses answered by the disk tier.
+    disk_hits: int = 0
+    #: Values put back into memcached from the disk tier (``add``).
+    refills: int = 0
+    #: Operations on the disk tier that failed (and were let go).
+    disk_failures: int = 0
+    #: Writes and deletes journaled while a node was out.
+    journaled: int = 0
+    #: Nodes brought back after replaying their journal, and keys replayed.
+    replays: int = 0
+    replayed_keys: int = 0
+    #: Nodes this process marked out.
+    nodes_marked_out: int = 0
+    by_node: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+class TieredStore:
+    """The two tiers for one cache configuration; shared by every thread of the process."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        blocking: BlockingClient,
+        disk: DiskStore,
+        journal: Journal,
+        states: NodeStates,
+        *,
+        max_staleness: float,
+        on_node_out: Callable[[str], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.blocking = blocking
+        self.disk = disk
+        self.journal = journal
+        self.states = states
+        self.max_staleness = max_staleness
+        self.metrics = TierMetrics()
+        self._on_node_out = on_node_out
+
+    # -- health --------------------------------------------------------------------------
+    def node_failed(self, node: int) -> None:
+        if self.states.mark_out(node):
+            self.metrics.nodes_marked_out += 1
+            if self._on_node_out is not None:
+                self._on_node_out(self.cluster.node_ids[node])
+
+    def _disk_failed(self, key: bytes | None = None) -> None:
+        self.metrics.disk_failures += 1
+        if key is not None:
+            # The entry may now be older than memcached's value: it must not answer a miss.
+            with contextlib.suppress(DiskError):
+                self.disk.delete(key)
+
+    def _fresh(self, entry: DiskEntry | None, now: float) -> DiskEntry | None:
+        if entry is None or now - entry.written_at > self.max_staleness:
+            return None
+        return entry
+
+    def _disk_read(self, key: bytes) -> tuple[bytes, int] | None:
+        try:
+            entry = self._fresh(self.disk.get(key), time.time())
+        except DiskError:
+            self._disk_failed()
+            return None
+        return None if entry is None else (entry.data, entry.flags)
+
+    def _journaled(
+        self, node: int, keys: list[bytes], disk_write: Callable[[], T]
+    ) -> tuple[bool, T | None]:
+        """Run ``disk_write`` while ``node`` is out, journaling ``keys`` for its replay.
+
+        Returns ``(True, result)``, or ``(False, None)`` when the node came back meanwhile
+        (the caller then goes to memcached again)."""
+        try:
+            with self.journal.transaction() as connection:
+                if not self.states.is_out(node):
+                    return False, None
+                Journal.record(connection, self.cluster.node_ids[node], keys)
+                result = disk_write()
+        except DiskError:
+            self._disk_failed()
+            raise
+        self.metrics.journaled += len(keys)
+        return True, result
+
+    # -- reads ---------------------------------------------------------------------------
+    async def get(self, client: CommandSet, key: bytes) -> tuple[bytes, int] | None:
+        node = self.cluster.node_index(key)
+        if not self.states.is_out(node):
+            try:
+                item = await client.get(key)
+            except NetworkError:
+                self.node_failed(node)
+            else:
+                if item is not None:
+                    return item.value, item.flags
+                return self._answer_miss(key, node)
+        self.metrics.fallbacks += 1
+        return self._disk_read(key)
+
+    def _answer_miss(self, key: bytes, node: int) -> tuple[bytes, int] | None:
+        """memcached had nothing: the disk tier's entry, put back into memcached."""
+        try:
+            if self._fresh(self.disk.get(key), time.time()) is None:
+                return None  # the common miss: no lock taken
+            with self.disk.locked(key):
+                now = time.time()
+                entry = self._fresh(self.disk.get(key), now)
+                if entry is None:
+                    return None
+                remaining = entry.remaining_seconds(now)
+                if remaining is not None and remaining <= 0:
+                    return None
+                if not self.states.is_out(node):
+                    exptime = memcached_exptime(remaining, now)
+                    try:
+                        added = run_blocking(
+                            self.blocking.add(key, entry.data, flags=entry.flags, exptime=exptime)
+                        )
+                    except NetworkError:
+                        self.node_failed(node)
+                    else:
+                        self.metrics.refills += added
+        except DiskError:
+            self._disk_failed()
+            return None
+        self.metrics.disk_hits += 1
+        return entry.data, entry.flags
+
+    async def get_many(
+        self, client: CommandSet, keys: list[bytes]
+    ) -> dict[bytes, tuple[bytes, int]]:
+        up = [k for k in keys if not self.states.is_out(self.cluster.node_index(k))]
+        found: dict[bytes, tuple[bytes, int]] = {}
+        if up:
+            try:
+                items = await client.get_many(up)
+            except NetworkError:
+                # Some node failed: settle each key on its own (marking nodes out as needed).
+                for key in keys:
+                    value = await self.get(client, key)
+                    if value is not None:
+                        found[key] = value
+                return found
+            for key in up:
+                item = items.get(key)
+                if item is not None:
+                    found[key] = (item.value, item.flags)
+                else:
+                    value = self._answer_miss(key, self.cluster.node_index(key))
+                    if value is not None:
+                        found[key] = value
+        for key in keys:
+            if key not in found and self.states.is_out(self.cluster.node_index(key)):
+                self.metrics.fallbacks += 1
+                value = self._disk_read(key)
+                if value is not None:
+                    found[key] = value
+        return found
+
+    # -- writes --------------------------------------------------------------------------
+    async def set(
+        self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
+    ) -> bool:
+        node = self.cluster.node_index(key)
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                try:
+                    stored = await client.set(
+                        key, data, flags=flags, exptime=memcached_exptime(ttl, time.time())
+                    )
+                except NetworkError:
+                    self.node_failed(node)
+                else:
+                    self._write_disk(key, data, flags, ttl)
+                    return stored
+            try:
+                done, _ = self._journaled(node, [key], lambda: self.disk.set(key, data, flags, ttl))
+            except DiskError:
+                return False
+            if done:
+                return True
+        return False
+
+    def _write_disk(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> None:
+        try:
+            self.disk.set(key, data, flags, ttl)
+        except DiskError:
+            self._disk_failed(key)
+
+    async def add(
+        self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
+    ) -> bool:
+        node = self.cluster.node_index(key)
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                try:
+                    added = await client.add(
+                        key, data, flags=flags, exptime=memcached_exptime(ttl, time.time())
+                    )
+                except NetworkError:
+                    self.node_failed(node)
+                else:
+                    if added:
+                        self._write_disk(key, data, flags, ttl)
+                    return added
+            try:
+                done, added_on_disk = self._journaled(
+                    node, [key], lambda: self.disk.add(key, data, flags, ttl)
+                )
+            except DiskError:
+                return False
+            if done:
+                return bool(added_on_disk)
+        return False
+
+    async def set_many(
+        self,
+        client: CommandSet,
+        triples: list[tuple[bytes, bytes, int]],
+        ttl: float | None,
+    ) -> list[bytes]:
+        up = [t for t in triples if not self.states.is_out(self.cluster.node_index(t[0]))]
+        failed: set[bytes] = set()
+        if up:
+            exptime = memcached_exptime(ttl, time.time())
+            failed = set(await client.set_many(up, exptime=exptime))
+            for key, data, flags in up:
+                if key not in failed:
+                    self._write_disk(key, data, flags, ttl)
+        refused: list[bytes] = []
+        for key, data, flags in triples:
+            # Refused, or its node is (or just went) out: settle it on its own.
+            settle = key in failed or self.states.is_out(self.cluster.node_index(key))
+            if settle and not await self.set(client, key, data, flags, ttl):
+                refused.append(key)
+        return refused
+
+    async def touch(self, client: CommandSet, key: bytes, ttl: float | None) -> bool:
+        node = self.cluster.node_index(key)
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                try:
+                    touched = await client.touch(key, memcached_exptime(ttl, time.time()))
+                except NetworkError:
+                    self.node_failed(node)
+                else:
+                    try:
+                        self.disk.touch(key, ttl)
+                    except DiskError:
+                        self._disk_failed(key)
+                    return touched
+            try:
+                done, touched_on_disk = self._journaled(
+                    node, [key], lambda: self.disk.touch(key, ttl)
+                )
+            except DiskError:
+                return False
+            if done:
+                return bool(touched_on_disk)
+        return False
+
+    async def delete(self, client: CommandSet, key: bytes) -> bool:
+        return self._delete(key)
+
+    def _delete(self, key: bytes) -> bool:
+        node = self.cluster.node_index(key)
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                try:
+                    with self.disk.locked(key):
+                        self.disk.delete(key)
+                        return run_blocking(self.blocking.delete(key))
+                except DiskError:
+                    self._disk_failed()
+                    try:
+                        return run_blocking(self.blocking.delete(key))
+                    except NetworkError:
+                        self.node_failed(node)
+                except NetworkError:
+                    self.node_failed(node)
+            try:
+                done, existed = self._journaled(node, [key], lambda: self.disk.delete(key))
+            except DiskError:
+                return False
+            if done:
+                return bool(existed)
+        return False
+
+    async def delete_many(self, client: CommandSet, keys: Iterable[bytes]) -> None:
+        for key in dict.fromkeys(keys):
+            self._delete(key)
+
+    async def incr(self, client: CommandSet, key: bytes, delta: int) -> int | None:
+        """Add ``delta`` (negative: subtract, stopping at 0); None when ``key`` is missing."""
+        node = self.cluster.node_index(key)
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                try:
+                    return self._incr_both(key, delta)
+                except NetworkError:
+                    self.node_failed(node)
+            try:
+                done, value = self._journaled(node, [key], lambda: self._incr_disk(key, delta))
+            except DiskError:
+                return None
+            if done:
+                return value
+        return None
+
+    def _incr_both(self, key: bytes, delta: int) -> int | None:
+        def on_memcached() -> int | None:
+            if delta < 0:
+                return run_blocking(self.blocking.decr(key, -delta))
+            return run_blocking(self.blocking.incr(key, delta))
+
+        try:
+            with self.disk.locked(key):
+                value = on_memcached()
+                now = time.time()
+                entry = self.disk.get(key)
+                if entry is not None:
+                    if value is None:
+                        self.disk.delete(key)
+                    else:
+                        self.disk.set(key, b"%d" % value, entry.flags, entry.remaining_seconds(now))
+                return value
+        except DiskError:
+            self._disk_failed(key)
+            return on_memcached()
+
+    def _incr_disk(self, key: bytes, delta: int) -> int | None:
+        now = time.time()
+        entry = self._fresh(self.disk.get(key), now)
+        if entry is None:
+            return None
+        if entry.flags != FLAG_INTEGER:
+            raise NonIntegerValueError(f"the value of {key.decode()!r} is not an integer")
+        current = int(entry.data)
+        # memcached's rules: decr stops at 0, incr wraps at 2**64.
+        value = max(0, current + delta) if delta < 0 else (current + delta) % 2**64
+        self.disk.set(key, b"%d" % value, entry.flags, entry.remaining_seconds(now))
+        return value
+
+    async def clear(self, client: CommandSet) -> None:
+        out = [n for n in range(len(self.cluster)) if self.states.is_out(n)]
+        up = [n for n in range(len(self.cluster)) if n not in out]
+        if up:
+            try:
+                await client.flush_all(nodes=up)
+            except NetworkError:
+                # Flush each node on its own to learn which ones failed.
+                for node in up:
+                    try:
+                        await client.flush_all(nodes=[node])
+                    except NetworkError:
+                        self.node_failed(node)
+                        out.append(node)
+        for node in out:
+            with contextlib.suppress(DiskError):
+                self._journaled(node, [FLUSH_MARK], lambda: None)
+        try:
+            self.disk.clear()
+        except DiskError:
+            self._disk_failed()
+
+    # -- bringing a node back ------------------------------------------------------------
+    def bring_back(self, node: int) -> int | None:
+        """Replay ``node``'s journal as deletes and mark it up; the keys replayed, or None
+        when the node is still unreachable. Called by the maintenance thread, never on a
+        request."""
+        node_id = self.cluster.node_ids[node]
+        try:
+            run_blocking(self.blocking.version(nodes=[node]))
+            with self.journal.transaction() as connection:
+                if not self.states.is_out(node):
+                    return 0
+                keys = Journal.keys(connection, node_id)
+                if FLUSH_MARK in keys:
+                    run_blocking(self.blocking.flush_all(nodes=[node]))
+                elif keys:
+                    run_blocking(self.blocking.delete_many(keys))
+                Journal.forget(connection, node_id)
+                self.states.mark_up(node)
+        except (NetworkError, DiskError):
+            return None
+        self.metrics.replays += 1
+        self.metrics.replayed_keys += len(keys)
+        return len(keys)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Breaker state, counters and journal lengths, for the backend's ``tier_stats()``."""
+        nodes: dict[str, Any] = {}
+        for node, node_id in enumerate(self.cluster.node_ids):
+            try:
+                journal_length: int | None = self.journal.length(node_id)
+            except DiskError:
+                journal_length = None
+            nodes[node_id] = {
+                "state": "out" if self.states.is_out(node) else "up",
+                "journal_length": journal_length,
+            }
+        metrics = self.metrics
+        return {
+            "directory": self.disk.directory,
+            "nodes": nodes,
+            "fallbacks": metrics.fallbacks,
+            "disk_hits": metrics.disk_hits,
+            "refills": metrics.refills,
+            "disk_failures": metrics.disk_failures,
+            "journaled": metrics.journaled,
+            "replays": metrics.replays,
+            "replayed_keys": metrics.replayed_keys,
+            "nodes_marked_out": metrics.nodes_marked_out,
+        }
