@@ -220,14 +220,17 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 try:
-                    stored = await client.set(
-                        key, data, flags=flags, exptime=memcached_exptime(ttl, time.time())
+                    # The disk write overlaps memcached's round trip; both are done before
+                    # the set is acknowledged. A refused set is then removed from both.
+                    return await client.set(
+                        key,
+                        data,
+                        flags=flags,
+                        exptime=memcached_exptime(ttl, time.time()),
+                        meanwhile=lambda: self._write_disk(key, data, flags, ttl),
                     )
                 except NetworkError:
                     self.node_failed(node)
-                else:
-                    self._write_disk(key, data, flags, ttl)
-                    return stored
             try:
                 done, _ = self._journaled(node, [key], lambda: self.disk.set(key, data, flags, ttl))
             except DiskError:

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from django_fastcache.testing.servers import MemcachedServer, RedisServer
+from django_fastcache.testing.servers import MemcachedServer, RedisServer, free_port
 
 LOCMEM = "django.core.cache.backends.locmem.LocMemCache"
 FILEBASED = "django.core.cache.backends.filebased.FileBasedCache"
@@ -177,6 +177,10 @@ class RowUnavailable(Exception):
     """The row cannot run here; the message is the one line the user sees."""
 
 
+#: FastCache without its disk tier: the memcached path alone.
+_MEMCACHED_ONLY = {"disk_tier": False}
+
+
 def default_row(name: str, servers: EmbeddedServers) -> Row:
     """The embedded configuration of a default row; starts the server it needs."""
     library = _LIBRARIES.get(name)
@@ -197,8 +201,15 @@ def default_row(name: str, servers: EmbeddedServers) -> Row:
         return Row(name, config, remove=[directory])
     if name == "diskcache":
         return Row(name, {"BACKEND": DISKCACHE, "LOCATION": str(directory)}, remove=[directory])
-    if name in ("fastcache-tiered", "fastcache-outage"):
-        raise RowUnavailable("FastCache has no disk tier yet: this row measures it once it exists")
+    if name == "fastcache-outage":
+        # Nothing listens on this port: the first call finds the node out, and from then on
+        # every call is answered by the disk tier.
+        config = {
+            "BACKEND": FASTCACHE,
+            "LOCATION": f"127.0.0.1:{free_port()}",
+            "OPTIONS": {"disk_directory": str(directory)},
+        }
+        return Row(name, config, remove=[directory], note="memcached unreachable")
     assert server is not None
     if name == "redis":
         # Its own database, as in the original.
@@ -212,8 +223,15 @@ def default_row(name: str, servers: EmbeddedServers) -> Row:
         config = {"BACKEND": PYMEMCACHE, "LOCATION": server.pylibmc_location}
         return Row(name, config, flush=[server])
     if name in ("fastcache", "fastcache-unix"):
-        config = {"BACKEND": FASTCACHE, "LOCATION": server.location}
+        config = {"BACKEND": FASTCACHE, "LOCATION": server.location, "OPTIONS": _MEMCACHED_ONLY}
         return Row(name, config, flush=[server])
+    if name == "fastcache-tiered":
+        config = {
+            "BACKEND": FASTCACHE,
+            "LOCATION": server.location,
+            "OPTIONS": {"disk_directory": str(directory)},
+        }
+        return Row(name, config, flush=[server], remove=[directory])
     raise ValueError(f"unknown row {name!r}")
 
 

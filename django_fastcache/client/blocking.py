@@ -33,7 +33,7 @@ from ..protocol import ReplyKind, ReplyParser
 from . import forksafe
 from .address import Address
 from .cluster import Cluster
-from .commands import CommandSet, Replies, Requests
+from .commands import CommandSet, Meanwhile, Replies, Requests
 
 _RECV_SIZE = 256 * 1024
 
@@ -196,10 +196,14 @@ class BlockingClient(CommandSet):
         if connection is not None:
             connection.close()
 
-    def _exchange(self, node: int, data: bytes, kinds: list[ReplyKind]) -> list[Any]:
+    def _exchange(
+        self, node: int, data: bytes, kinds: list[ReplyKind], meanwhile: Meanwhile = None
+    ) -> list[Any]:
         connection = self._connection(node)
         try:
             connection.send(data)
+            if meanwhile is not None:
+                meanwhile()
             return connection.receive(kinds)
         except BaseException:
             # Interrupted half-way, the stream is out of step: never reuse it.
@@ -207,8 +211,10 @@ class BlockingClient(CommandSet):
             raise
 
     # -- the I/O primitives (coroutines that never suspend) ------------------------------
-    async def _request(self, node: int, data: bytes, kind: ReplyKind) -> Any:
-        reply = self._exchange(node, data, [kind])[0]
+    async def _request(
+        self, node: int, data: bytes, kind: ReplyKind, meanwhile: Meanwhile = None
+    ) -> Any:
+        reply = self._exchange(node, data, [kind], meanwhile)[0]
         if isinstance(reply, CommandError):
             raise reply
         return reply

@@ -23,7 +23,7 @@ from ..protocol import Item, ReplyKind, Status
 from . import forksafe
 from .address import Address
 from .cluster import ClientSettings, Cluster
-from .commands import CommandSet, Replies, Requests
+from .commands import CommandSet, Meanwhile, Replies, Requests
 from .connection import Connection
 from .pool import Pool, PoolSettings
 
@@ -111,7 +111,9 @@ class Client(CommandSet):
                 f"no connection to {pool.address} within {self.timeout}s"
             ) from None
 
-    async def _request(self, node: int, data: bytes, kind: ReplyKind) -> Any:
+    async def _request(
+        self, node: int, data: bytes, kind: ReplyKind, meanwhile: Meanwhile = None
+    ) -> Any:
         pool = self._pools()[node]
         # One budget for the whole call: waiting for a connection uses it up too.
         loop = asyncio.get_running_loop()
@@ -123,6 +125,13 @@ class Client(CommandSet):
             pool.release(connection)
             raise
         timer = loop.call_at(deadline, _expire, connection, pool.address, self.timeout)
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                timer.cancel()
+                pool.discard(connection, ConnectionLostError("request abandoned"))
+                raise
         try:
             reply = await future
         except asyncio.CancelledError:

@@ -37,6 +37,8 @@ from .cluster import Cluster
 #: Keys per ``get`` line when a node is asked for many keys (the lines are pipelined).
 MULTI_GET_CHUNK = 100
 
+#: Work to do while a request is on the wire (see :meth:`CommandSet.set`).
+Meanwhile = Callable[[], object] | None
 #: Per node: the bytes to write and the kind of each reply expected, in order.
 Requests = dict[int, tuple[bytes, list[ReplyKind]]]
 #: Per node: the replies (error replies included as CommandError values), or the error
@@ -58,8 +60,11 @@ class CommandSet:
     cluster: Cluster
 
     # -- the I/O primitives subclasses provide ------------------------------------------
-    async def _request(self, node: int, data: bytes, kind: ReplyKind) -> Any:
-        """One request, one reply; an error reply is raised."""
+    async def _request(
+        self, node: int, data: bytes, kind: ReplyKind, meanwhile: Meanwhile = None
+    ) -> Any:
+        """One request, one reply; an error reply is raised. ``meanwhile`` is called once the
+        request is written and before its reply is read."""
         raise NotImplementedError
 
     async def _send_noreply(self, node: int, data: bytes) -> None:
@@ -136,21 +141,40 @@ class CommandSet:
 
     # -- storage -------------------------------------------------------------------------
     async def _store(
-        self, verb: bytes, key: bytes, value: bytes, flags: int, exptime: int, noreply: bool
+        self,
+        verb: bytes,
+        key: bytes,
+        value: bytes,
+        flags: int,
+        exptime: int,
+        noreply: bool,
+        meanwhile: Meanwhile = None,
     ) -> bool:
         data = storage_command(verb, key, value, flags=flags, exptime=exptime, noreply=noreply)
         node = self.cluster.node_index(key)
         if noreply:
             await self._send_noreply(node, data)
+            if meanwhile is not None:
+                meanwhile()
             return True
-        return await self._request(node, data, ReplyKind.STORAGE) is Status.STORED
+        return await self._request(node, data, ReplyKind.STORAGE, meanwhile) is Status.STORED
 
     async def set(
-        self, key: bytes, value: bytes, *, flags: int = 0, exptime: int = 0, noreply: bool = False
+        self,
+        key: bytes,
+        value: bytes,
+        *,
+        flags: int = 0,
+        exptime: int = 0,
+        noreply: bool = False,
+        meanwhile: Meanwhile = None,
     ) -> bool:
         """Store ``value``; True when stored. A value over the server's item limit raises
-        :class:`~django_fastcache.errors.ValueTooLargeError`."""
-        return await self._store(b"set", key, value, flags, exptime, noreply)
+        :class:`~django_fastcache.errors.ValueTooLargeError`.
+
+        ``meanwhile``, if given, is called after the request is sent and before the reply
+        is read: work that overlaps the round trip (the disk tier's write uses it)."""
+        return await self._store(b"set", key, value, flags, exptime, noreply, meanwhile)
 
     async def add(
         self, key: bytes, value: bytes, *, flags: int = 0, exptime: int = 0, noreply: bool = False

@@ -31,6 +31,18 @@ from ..errors import FastCacheError
 
 _HEADER = struct.Struct("<Id")  # flags (u32), written at (seconds since the epoch)
 
+# The process id, kept current by a fork hook instead of a getpid() per operation: SQLite
+# connections must never be used across a fork.
+_current_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _current_pid
+    _current_pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class DiskError(FastCacheError):
     """The disk tier could not read or write (locked, read-only, removed, corrupt)."""
@@ -78,6 +90,7 @@ class DiskStore:
             "statistics": False,
         }
         self._fanout: diskcache.FanoutCache | None = None
+        self._shards: tuple[diskcache.Cache, ...] = ()
         self._pid = os.getpid()
 
     # -- shards --------------------------------------------------------------------------
@@ -90,12 +103,17 @@ class DiskStore:
             except Exception as exc:
                 raise DiskError(f"cannot open the disk tier at {self.directory}: {exc}") from exc
             self._fanout, self._pid = fanout, os.getpid()
+            self._shards = tuple(fanout._shards)
+            self._hash = fanout._hash
         return fanout
 
     def _shard(self, key: bytes) -> diskcache.Cache:
-        fanout = self._cache()
+        shards = self._shards
+        if not shards or self._pid != _current_pid:
+            self._cache()
+            shards = self._shards
         # FanoutCache's own placement, so that its whole-cache operations stay valid.
-        return fanout._shards[fanout._hash(key) % fanout._count]
+        return shards[self._hash(key) % len(shards)]
 
     @contextlib.contextmanager
     def _failures(self, what: str) -> Iterator[None]:
@@ -113,9 +131,12 @@ class DiskStore:
             yield
 
     # -- operations ----------------------------------------------------------------------
+    # get and set are on the request path: plain try blocks, no context manager per call.
     def get(self, key: bytes) -> DiskEntry | None:
-        with self._failures("read"):
+        try:
             raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
+        except Exception as exc:
+            raise DiskError(f"disk tier read failed: {type(exc).__name__}: {exc}") from exc
         if raw is None:
             return None
         return _decode(raw, expire_at)
@@ -125,8 +146,10 @@ class DiskStore:
         if ttl is not None and ttl <= 0:
             self.delete(key)
             return
-        with self._failures("write"):
+        try:
             self._shard(key).set(key, _encode(data, flags, time.time()), expire=ttl, retry=False)
+        except Exception as exc:
+            raise DiskError(f"disk tier write failed: {type(exc).__name__}: {exc}") from exc
 
     def add(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
         """Store only if ``key`` holds nothing (unexpired); True when stored."""
