@@ -103,7 +103,7 @@ class Client(CommandSet):
         connection = pool.try_acquire()
         if connection is not None:
             return connection
-        remaining = deadline - asyncio.get_running_loop().time()
+        remaining = deadline - pool.loop.time()
         try:
             return await asyncio.wait_for(pool.acquire(), remaining)
         except asyncio.TimeoutError:
@@ -116,20 +116,17 @@ class Client(CommandSet):
     ) -> Any:
         pool = self._pools()[node]
         # One budget for the whole call: waiting for a connection uses it up too.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        deadline = pool.loop.time() + self.timeout
         connection = await self._acquire(pool, deadline)
         try:
-            future = connection.request(data, kind)
+            future = connection.request(data, kind, deadline)
         except FastCacheError:
             pool.release(connection)
             raise
-        timer = loop.call_at(deadline, _expire, connection, pool.address, self.timeout)
         if meanwhile is not None:
             try:
                 meanwhile()
             except BaseException:
-                timer.cancel()
                 pool.discard(connection, ConnectionLostError("request abandoned"))
                 raise
         try:
@@ -140,23 +137,19 @@ class Client(CommandSet):
         except BaseException:
             pool.release(connection)  # aborted already: the pool lets it go
             raise
-        finally:
-            timer.cancel()
         pool.release(connection)
         if isinstance(reply, CommandError):
             raise reply
         return reply
 
     async def _pipeline(self, pool: Pool, data: bytes, kinds: list[ReplyKind]) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        deadline = pool.loop.time() + self.timeout
         connection = await self._acquire(pool, deadline)
         try:
-            futures = connection.request_many(data, kinds)
+            futures = connection.request_many(data, kinds, deadline)
         except FastCacheError:
             pool.release(connection)
             raise
-        timer = loop.call_at(deadline, _expire, connection, pool.address, self.timeout)
         try:
             replies = [await future for future in futures]
         except asyncio.CancelledError:
@@ -167,8 +160,6 @@ class Client(CommandSet):
             pool.release(connection)
             _consume(futures)
             raise
-        finally:
-            timer.cancel()
         pool.release(connection)
         return replies
 
@@ -190,7 +181,7 @@ class Client(CommandSet):
 
     async def _send_noreply(self, node: int, data: bytes) -> None:
         pool = self._pools()[node]
-        connection = await self._acquire(pool, asyncio.get_running_loop().time() + self.timeout)
+        connection = await self._acquire(pool, pool.loop.time() + self.timeout)
         try:
             connection.send_noreply(data)
         finally:
@@ -226,11 +217,6 @@ class Client(CommandSet):
         for pool in pools:
             pool.close()
         await asyncio.sleep(0)  # one turn for the transports to finish closing
-
-
-def _expire(connection: Connection, address: Address, timeout: float) -> None:
-    if not connection.closed:
-        connection.abort(OperationTimeoutError(f"no reply from {address} within {timeout}s"))
 
 
 def _consume(futures: list[asyncio.Future[Any]]) -> None:

@@ -13,19 +13,37 @@ import time
 from collections import deque
 from typing import Any, cast
 
-from ..errors import ConnectionLostError, FastCacheError, ProtocolError
+from ..errors import ConnectionLostError, FastCacheError, OperationTimeoutError, ProtocolError
 from ..protocol import ReplyKind, ReplyParser
 
 
 class Connection(asyncio.Protocol):
     """A pipelined memcached connection. Create it through :func:`open_connection`."""
 
-    __slots__ = ("_closed_error", "_loop", "_parser", "_pending", "_transport", "last_used")
+    __slots__ = (
+        "_closed_error",
+        "_deadlines",
+        "_loop",
+        "_parser",
+        "_pending",
+        "_transport",
+        "_watchdog",
+        "address",
+        "last_used",
+    )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_value_size: int) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, max_value_size: int, address: object = "memcached"
+    ) -> None:
         self._loop = loop
+        self.address = address
         self._parser = ReplyParser(max_value_size=max_value_size)
         self._pending: deque[tuple[asyncio.Future[Any], ReplyKind]] = deque()
+        # The deadline of each pending reply, oldest first (kept beside _pending).
+        self._deadlines: deque[float] = deque()
+        # At most one timer per connection, armed for the oldest pending deadline and
+        # re-armed when it fires early: no timer is created or cancelled per request.
+        self._watchdog: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._closed_error: BaseException | None = None
         self.last_used = time.monotonic()
@@ -52,6 +70,7 @@ class Connection(asyncio.Protocol):
             if reply is None:
                 return
             pending.popleft()
+            self._deadlines.popleft()
             if not future.done():
                 future.set_result(reply)
         if parser.unread:
@@ -76,24 +95,45 @@ class Connection(asyncio.Protocol):
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def request(self, data: bytes, kind: ReplyKind) -> asyncio.Future[Any]:
-        """Write one request; the future resolves to its parsed reply."""
+    def request(self, data: bytes, kind: ReplyKind, deadline: float) -> asyncio.Future[Any]:
+        """Write one request; the future resolves to its parsed reply.
+
+        If the reply has not come by ``deadline`` (the loop's clock), the connection is
+        aborted and every pending request fails with :class:`OperationTimeoutError`."""
         if self._closed_error is not None or self._transport is None:
             raise self._closed_error or ConnectionLostError("connection is closed")
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending.append((future, kind))
+        self._deadlines.append(deadline)
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
         self._transport.write(data)
         return future
 
-    def request_many(self, data: bytes, kinds: list[ReplyKind]) -> list[asyncio.Future[Any]]:
+    def request_many(
+        self, data: bytes, kinds: list[ReplyKind], deadline: float
+    ) -> list[asyncio.Future[Any]]:
         """Write several requests in one write; one future per reply, in order."""
         if self._closed_error is not None or self._transport is None:
             raise self._closed_error or ConnectionLostError("connection is closed")
         create = self._loop.create_future
         futures: list[asyncio.Future[Any]] = [create() for _ in kinds]
         self._pending.extend(zip(futures, kinds))
+        self._deadlines.extend([deadline] * len(kinds))
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
         self._transport.write(data)
         return futures
+
+    def _check_deadlines(self) -> None:
+        self._watchdog = None
+        deadlines = self._deadlines
+        if not deadlines or self._closed_error is not None:
+            return
+        if deadlines[0] <= self._loop.time():
+            self.abort(OperationTimeoutError(f"no reply from {self.address} in time"))
+        else:
+            self._watchdog = self._loop.call_at(deadlines[0], self._check_deadlines)
 
     def send_noreply(self, data: bytes) -> None:
         """Write requests that carry ``noreply``: nothing is queued for them."""
@@ -120,6 +160,10 @@ class Connection(asyncio.Protocol):
         self._fail_pending(self._closed_error)
 
     def _fail_pending(self, error: BaseException) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._deadlines.clear()
         pending = self._pending
         while pending:
             future, _kind = pending.popleft()

@@ -50,6 +50,7 @@ class Pool:
         self.settings = settings
         self.metrics = PoolMetrics()
         self._loop = loop
+        self.loop = loop  # the event loop this pool's connections belong to
         self._idle: deque[Connection] = deque()
         # A waiter receives a connection, or None meaning "a slot is free: open one".
         self._waiters: deque[asyncio.Future[Connection | None]] = deque()
@@ -107,7 +108,7 @@ class Pool:
         settings = self.settings
 
         def factory() -> Connection:
-            return Connection(loop, settings.max_value_size)
+            return Connection(loop, settings.max_value_size, address)
 
         if address.path is not None:
             connecting = loop.create_unix_connection(factory, address.path)

@@ -263,7 +263,9 @@ def test_drop_fails_every_pipelined_request_at_once(fake: FakeMemcached) -> None
         )
         fake.script(Action.REPLY, Action.CLOSE)
         futures = connection.request_many(
-            b"get a\r\nget b\r\nget c\r\nget a\r\n", [ReplyKind.RETRIEVAL] * 4
+            b"get a\r\nget b\r\nget c\r\nget a\r\n",
+            [ReplyKind.RETRIEVAL] * 4,
+            loop.time() + TIMEOUT,
         )
         outcomes = await asyncio.wait_for(
             asyncio.gather(*futures, return_exceptions=True), TIMEOUT + SLACK
