@@ -1,4 +1,5 @@
-"""System checks for FastCache caches: every option and address, before the first request.
+"""System checks for FastCache caches: every option and address, and the disk tier's
+directory, before the first request.
 
 Run by ``manage.py check`` (and at server start) when ``django_fastcache`` is in
 ``INSTALLED_APPS``. The backend itself refuses bad options with ``ImproperlyConfigured``
@@ -15,6 +16,7 @@ from django.utils.module_loading import import_string
 
 from .backends.options import parse_options
 from .client.address import parse_address, parse_locations
+from .disk.location import default_directory, writable_by_others
 from .errors import ConfigurationError
 
 
@@ -34,7 +36,7 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
     for alias, config in getattr(settings, "CACHES", {}).items():
         if not _is_fastcache(config.get("BACKEND", "")):
             continue
-        _options, problems = parse_options(config.get("OPTIONS"))
+        options, problems = parse_options(config.get("OPTIONS"))
         for problem in problems:
             messages.append(
                 Error(f"CACHES[{alias!r}]: {problem.message}", hint=problem.hint, id=problem.id)
@@ -65,4 +67,16 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
                 parse_address(server)
             except ConfigurationError as exc:
                 messages.append(Error(f"CACHES[{alias!r}]: {exc}", id="django_fastcache.E012"))
+        if options.disk_tier:
+            directory = options.disk_directory or default_directory(servers)
+            if writable_by_others(directory):
+                messages.append(
+                    Error(
+                        f"CACHES[{alias!r}]: the disk tier directory {directory} is writable "
+                        "by other users (or not owned by this user); its values are unpickled "
+                        "when read.",
+                        hint=f"Use a directory only this user can write (chmod 700 {directory}).",
+                        id="django_fastcache.E014",
+                    )
+                )
     return messages

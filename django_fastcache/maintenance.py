@@ -43,6 +43,11 @@ class Maintenance:
             self._stores.add(store)
         self.ensure_running()
 
+    def unregister(self, store: TieredStore) -> None:
+        """Stop probing and culling ``store`` (it is being closed)."""
+        with self._lock:
+            self._stores.discard(store)
+
     def node_went_out(self) -> None:
         """A request marked a node out: probe soon (the thread may be idling)."""
         self.ensure_running()
@@ -75,7 +80,12 @@ class Maintenance:
                 stores = list(self._stores)
             anything_out = False
             for store in stores:
-                anything_out |= self._probe_out_nodes(store)
+                try:
+                    anything_out |= self._probe_out_nodes(store)
+                except Exception:
+                    # Whatever went wrong with one store, the thread must go on: it is the
+                    # only thing that ever brings a node back, for every store.
+                    anything_out = True
             now = time.monotonic()
             if now >= next_cull:
                 for store in stores:
@@ -107,7 +117,7 @@ class Maintenance:
                 node_back.send(
                     sender=TieredStore,
                     node=store.cluster.node_ids[node],
-                    directory=store.disk.directory,
+                    directory=store.directory,
                     replayed_keys=replayed,
                 )
         return anything_out

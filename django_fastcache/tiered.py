@@ -15,7 +15,9 @@ The rules, which ``docs/disk-tier.md`` explains for users:
   journal as deletes on the node before marking it up again, under the journal's lock, so no
   process reads a pre-outage value from it.
 * **A disk tier that fails never fails a request**: the memcached result stands, the key's
-  disk entry is dropped where possible, and the failure is counted.
+  disk entry stops answering, host-wide (:meth:`~.disk.NodeStates.distrust`: a stamp in
+  shared memory, which cannot fail when the disk does), and the failure is counted. A write
+  made while the key's node is out stays journaled even when its disk write fails.
 
 Synchronous pieces (the disk, and memcached round trips made under a disk lock) run on the
 blocking client even on the async path: a SQLite transaction belongs to its thread and must
@@ -35,7 +37,7 @@ from .client.blocking import BlockingClient
 from .client.cluster import Cluster
 from .client.commands import CommandSet
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
-from .errors import NetworkError, NonIntegerValueError
+from .errors import CommandError, FastCacheError, NetworkError, NonIntegerValueError
 from .expiry import memcached_exptime
 from .serializers import FLAG_INTEGER
 
@@ -44,6 +46,10 @@ T = TypeVar("T")
 #: Journaled in place of a key: "flush the whole node" (a clear() made while it was out).
 FLUSH_MARK = b""
 _MAX_RETRIES = 3
+
+
+class _WentOut(Exception):
+    """The key's node was marked out while the operation waited for the disk lock."""
 
 
 @dataclass
@@ -81,6 +87,7 @@ class TieredStore:
         *,
         max_staleness: float,
         on_node_out: Callable[[str], None] | None = None,
+        directory: str | None = None,
     ) -> None:
         self.cluster = cluster
         self.blocking = blocking
@@ -88,6 +95,13 @@ class TieredStore:
         self.journal = journal
         self.states = states
         self.max_staleness = max_staleness
+        #: The disk tier's directory as configured (``disk_directory``), which holds the
+        #: values, the journal and the node states; what the signals and stats report.
+        self.directory = disk.directory if directory is None else directory
+        # A shard lock is held across one memcached round trip at a time (deletes, incr,
+        # refills); a write waiting for it gives up only well after that round trip would
+        # have timed out (failing would leave the key's disk entry out of date).
+        disk.lock_wait = 2 * cluster.settings.timeout
         self.metrics = TierMetrics()
         self._on_node_out = on_node_out
 
@@ -101,18 +115,22 @@ class TieredStore:
     def _disk_failed(self, key: bytes | None = None) -> None:
         self.metrics.disk_failures += 1
         if key is not None:
-            # The entry may now be older than memcached's value: it must not answer a miss.
-            with contextlib.suppress(DiskError):
-                self.disk.delete(key)
+            # The entry may now be older than memcached's value: it must not answer a miss,
+            # in any process. (Deleting it would need the disk that just failed.)
+            self.states.distrust(key, time.time())
 
-    def _fresh(self, entry: DiskEntry | None, now: float) -> DiskEntry | None:
-        if entry is None or now - entry.written_at > self.max_staleness:
+    def _fresh(self, key: bytes, entry: DiskEntry | None, now: float) -> DiskEntry | None:
+        if (
+            entry is None
+            or now - entry.written_at > self.max_staleness
+            or not self.states.trusts(key, entry.written_at)
+        ):
             return None
         return entry
 
     def _disk_read(self, key: bytes) -> tuple[bytes, int] | None:
         try:
-            entry = self._fresh(self.disk.get(key), time.time())
+            entry = self._fresh(key, self.disk.get(key), time.time())
         except DiskError:
             self._disk_failed()
             return None
@@ -124,18 +142,35 @@ class TieredStore:
         """Run ``disk_write`` while ``node`` is out, journaling ``keys`` for its replay.
 
         Returns ``(True, result)``, or ``(False, None)`` when the node came back meanwhile
-        (the caller then goes to memcached again)."""
+        (the caller then goes to memcached again). Raises :class:`DiskError` when the disk
+        write failed: the keys are journaled all the same (the node may hold values the
+        write was to replace) and their disk entries no longer answer."""
+        failure: DiskError | None = None
         try:
             with self.journal.transaction() as connection:
                 if not self.states.is_out(node):
                     return False, None
                 Journal.record(connection, self.cluster.node_ids[node], keys)
-                result = disk_write()
+                try:
+                    result = disk_write()
+                except DiskError as exc:
+                    failure = exc
         except DiskError:
-            self._disk_failed()
+            # Not even journaled: the write is lost, and the disk entries it was to replace
+            # must not answer.
+            self._distrust(keys)
             raise
         self.metrics.journaled += len(keys)
+        if failure is not None:
+            self._distrust(keys)
+            raise failure
         return True, result
+
+    def _distrust(self, keys: list[bytes]) -> None:
+        self.metrics.disk_failures += 1
+        now = time.time()
+        for key in keys:
+            self.states.distrust(key, now)
 
     # -- reads ---------------------------------------------------------------------------
     async def get(self, client: CommandSet, key: bytes) -> tuple[bytes, int] | None:
@@ -155,11 +190,11 @@ class TieredStore:
     def _answer_miss(self, key: bytes, node: int) -> tuple[bytes, int] | None:
         """memcached had nothing: the disk tier's entry, put back into memcached."""
         try:
-            if self._fresh(self.disk.get(key), time.time()) is None:
+            if self._fresh(key, self.disk.get(key), time.time()) is None:
                 return None  # the common miss: no lock taken
             with self.disk.locked(key):
                 now = time.time()
-                entry = self._fresh(self.disk.get(key), now)
+                entry = self._fresh(key, self.disk.get(key), now)
                 if entry is None:
                     return None
                 remaining = entry.remaining_seconds(now)
@@ -184,7 +219,12 @@ class TieredStore:
     async def get_many(
         self, client: CommandSet, keys: list[bytes]
     ) -> dict[bytes, tuple[bytes, int]]:
-        up = [k for k in keys if not self.states.is_out(self.cluster.node_index(k))]
+        # Each key's node state is read once: a node marked up while this runs must not
+        # leave its keys asked of neither tier.
+        up: list[bytes] = []
+        out: list[bytes] = []
+        for key in keys:
+            (out if self.states.is_out(self.cluster.node_index(key)) else up).append(key)
         found: dict[bytes, tuple[bytes, int]] = {}
         if up:
             try:
@@ -204,12 +244,11 @@ class TieredStore:
                     value = self._answer_miss(key, self.cluster.node_index(key))
                     if value is not None:
                         found[key] = value
-        for key in keys:
-            if key not in found and self.states.is_out(self.cluster.node_index(key)):
-                self.metrics.fallbacks += 1
-                value = self._disk_read(key)
-                if value is not None:
-                    found[key] = value
+        for key in out:
+            self.metrics.fallbacks += 1
+            value = self._disk_read(key)
+            if value is not None:
+                found[key] = value
         return found
 
     # -- writes --------------------------------------------------------------------------
@@ -220,17 +259,19 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 try:
-                    # The disk write overlaps memcached's round trip; both are done before
-                    # the set is acknowledged. A refused set is then removed from both.
-                    return await client.set(
-                        key,
-                        data,
-                        flags=flags,
-                        exptime=memcached_exptime(ttl, time.time()),
-                        meanwhile=lambda: self._write_disk(key, data, flags, ttl),
+                    stored = await client.set(
+                        key, data, flags=flags, exptime=memcached_exptime(ttl, time.time())
                     )
                 except NetworkError:
                     self.node_failed(node)
+                else:
+                    # memcached first, the disk once memcached has answered (a refused set
+                    # is then removed from both by the caller). Writing the disk while the
+                    # set is still in flight lets a delete run between the two (disk entry
+                    # deleted, then memcached set), leaving a value in memcached that the
+                    # disk does not hold: an increment of it is then lost in an outage.
+                    self._write_disk(key, data, flags, ttl)
+                    return stored
             try:
                 done, _ = self._journaled(node, [key], lambda: self.disk.set(key, data, flags, ttl))
             except DiskError:
@@ -289,7 +330,15 @@ class TieredStore:
         for key, data, flags in triples:
             # Refused, or its node is (or just went) out: settle it on its own.
             settle = key in failed or self.states.is_out(self.cluster.node_index(key))
-            if settle and not await self.set(client, key, data, flags, ttl):
+            if not settle:
+                continue
+            try:
+                stored = await self.set(client, key, data, flags, ttl)
+            except CommandError:
+                # memcached refused it again (too large, out of memory): it failed, as
+                # set_many reports a failure (the caller removes the key from both tiers).
+                stored = False
+            if not stored:
                 refused.append(key)
         return refused
 
@@ -326,10 +375,14 @@ class TieredStore:
             if not self.states.is_out(node):
                 try:
                     with self.disk.locked(key):
+                        if self.states.is_out(node):
+                            raise _WentOut  # while this waited for the lock: journal it
                         self.disk.delete(key)
                         return run_blocking(self.blocking.delete(key))
+                except _WentOut:
+                    pass
                 except DiskError:
-                    self._disk_failed()
+                    self._disk_failed(key)
                     try:
                         return run_blocking(self.blocking.delete(key))
                     except NetworkError:
@@ -354,7 +407,9 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 try:
-                    return self._incr_both(key, delta)
+                    return self._incr_both(node, key, delta)
+                except _WentOut:
+                    pass
                 except NetworkError:
                     self.node_failed(node)
             try:
@@ -365,7 +420,7 @@ class TieredStore:
                 return value
         return None
 
-    def _incr_both(self, key: bytes, delta: int) -> int | None:
+    def _incr_both(self, node: int, key: bytes, delta: int) -> int | None:
         def on_memcached() -> int | None:
             if delta < 0:
                 return run_blocking(self.blocking.decr(key, -delta))
@@ -373,9 +428,20 @@ class TieredStore:
 
         try:
             with self.disk.locked(key):
+                if self.states.is_out(node):
+                    raise _WentOut  # while this waited for the lock: journal it
                 value = on_memcached()
                 now = time.time()
                 entry = self.disk.get(key)
+                fresh = self._fresh(key, entry, now)
+                if value is None and fresh is not None:
+                    # memcached lost the key (restarted empty, or the journal replay deleted
+                    # it) but the disk tier holds its latest value: put it back, count on it.
+                    exptime = memcached_exptime(fresh.remaining_seconds(now), now)
+                    self.metrics.refills += run_blocking(
+                        self.blocking.add(key, fresh.data, flags=fresh.flags, exptime=exptime)
+                    )
+                    value = on_memcached()
                 if entry is not None:
                     if value is None:
                         self.disk.delete(key)
@@ -388,7 +454,7 @@ class TieredStore:
 
     def _incr_disk(self, key: bytes, delta: int) -> int | None:
         now = time.time()
-        entry = self._fresh(self.disk.get(key), now)
+        entry = self._fresh(key, self.disk.get(key), now)
         if entry is None:
             return None
         if entry.flags != FLAG_INTEGER:
@@ -420,6 +486,7 @@ class TieredStore:
             self.disk.clear()
         except DiskError:
             self._disk_failed()
+            self.states.distrust(None, time.time())  # every entry is now out of date
 
     # -- bringing a node back ------------------------------------------------------------
     def bring_back(self, node: int) -> int | None:
@@ -439,11 +506,30 @@ class TieredStore:
                     run_blocking(self.blocking.delete_many(keys))
                 Journal.forget(connection, node_id)
                 self.states.mark_up(node)
-        except (NetworkError, DiskError):
+        except DiskError:
+            # The journal cannot be read (its directory removed, its file corrupt, locked
+            # for good): any key may have changed while the node was out, so the node is
+            # flushed whole instead. (A write the journal could not take was not kept on
+            # disk either: its entry no longer answers.) Otherwise the node stays out for
+            # good, and memcached is never used again.
+            try:
+                run_blocking(self.blocking.flush_all(nodes=[node]))
+            except FastCacheError:
+                return None
+            self.states.mark_up(node)
+            keys = []
+        except FastCacheError:
+            # Unreachable, or anything else that stopped the replay (a refused command, a
+            # reply that does not parse): the node stays out, its journal intact.
             return None
         self.metrics.replays += 1
         self.metrics.replayed_keys += len(keys)
         return len(keys)
+
+    def close(self) -> None:
+        """Close the disk tier's SQLite connections (they reopen on the next use)."""
+        self.disk.close()
+        self.journal.close()
 
     def snapshot(self) -> dict[str, Any]:
         """Breaker state, counters and journal lengths, for the backend's ``tier_stats()``."""
@@ -459,7 +545,7 @@ class TieredStore:
             }
         metrics = self.metrics
         return {
-            "directory": self.disk.directory,
+            "directory": self.directory,
             "nodes": nodes,
             "fallbacks": metrics.fallbacks,
             "disk_hits": metrics.disk_hits,

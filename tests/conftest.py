@@ -3,17 +3,31 @@
 The servers are started once per test session on free loopback ports (the unix socket
 under a temporary directory) and stopped at the end. Tests that need a clean server use
 ``memcached`` / ``memcached_cluster``, which flush before handing the servers over.
+
+FastCache keeps its disk tier on by default. A test that builds a FastCache with the tier on
+gives it a ``disk_directory`` of its own under pytest's tmp_path (the ``disk_directory`` and
+``tier_options`` fixtures), so no test reads what another left on disk and nothing lands in
+the user's ``~/.cache``. To make sure of it, the default location is pointed at a directory
+of the run's own for the whole session, and a test that created anything there fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import socket
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from django_fastcache.backends import fastcache
+from django_fastcache.maintenance import maintenance
 from django_fastcache.testing.servers import MemcachedServer
 
 if os.environ.get("CI") and not MemcachedServer.available():
@@ -67,3 +81,91 @@ def memcached(_memcached_processes: MemcachedCluster) -> MemcachedServer:
     server = _memcached_processes.tcp[0]
     server.flush()
     return server
+
+
+# -- the disk tier -------------------------------------------------------------------------
+
+#: OPTIONS of a FastCache over memcached alone.
+MEMCACHED_ONLY: dict[str, Any] = {"disk_tier": False}
+
+
+@pytest.fixture(scope="session")
+def _default_disk_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Where a FastCache without ``disk_directory`` would put its disk tier during the run
+    (``$XDG_CACHE_HOME``), instead of the user's ``~/.cache``."""
+    home = tmp_path_factory.mktemp("xdg-cache-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(home))
+        yield home
+
+
+@pytest.fixture(autouse=True)
+def _no_default_disk_directory(_default_disk_home: Path) -> Iterator[None]:
+    """Fail a test that built a FastCache with the disk tier in its default directory."""
+    yield
+    made = _default_disk_home / "django-fastcache"
+    if made.exists():
+        shutil.rmtree(made, ignore_errors=True)
+        pytest.fail(
+            "this test used a FastCache with the disk tier on and no disk_directory: "
+            'give it OPTIONS={"disk_directory": <the disk_directory fixture>} '
+            f"or {MEMCACHED_ONLY!r}",
+            pytrace=False,
+        )
+
+
+def forget_stacks(directory: str | os.PathLike[str]) -> None:
+    """Drop the process-wide clients and disk tiers of every FastCache configuration whose
+    disk tier lives under ``directory``, closing what the calling thread opened, so that a
+    test's stack (SQLite files, sockets) does not outlive it."""
+    root = os.path.abspath(directory)
+    with fastcache._shared_lock:
+        doomed = [
+            identity
+            for identity, shared in fastcache._shared.items()
+            if shared.tiered is not None
+            and os.path.abspath(shared.tiered.disk.directory).startswith(root + os.sep)
+        ]
+        stacks = [fastcache._shared.pop(identity) for identity in doomed]
+    for shared in stacks:
+        assert shared.tiered is not None
+        maintenance.unregister(shared.tiered)
+        shared.blocking.close_thread_connections()
+        shared.tiered.close()
+
+
+@pytest.fixture
+def disk_directory(tmp_path: Path) -> Iterator[str]:
+    """A fresh directory for one test's disk tier (``OPTIONS["disk_directory"]``)."""
+    directory = tmp_path / "fastcache-disk"
+    yield str(directory)
+    forget_stacks(directory)
+
+
+@pytest.fixture(params=["memcached-only", "tiered"])
+def tier_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The OPTIONS of each way FastCache can store: memcached alone, and memcached with the
+    disk tier (the default) in a directory of the test's own."""
+    if request.param == "memcached-only":
+        return dict(MEMCACHED_ONLY)
+    return {"disk_directory": request.getfixturevalue("disk_directory")}
+
+
+@contextlib.contextmanager
+def connects_from_this_thread() -> Iterator[list[Any]]:
+    """Record every socket connect the calling thread attempts (and let each happen).
+
+    Connects made by other threads (the maintenance thread's probes) are not recorded.
+    Covers the blocking client and the stock asyncio loop (uvloop connects in C)."""
+    attempts: list[Any] = []
+    me = threading.get_ident()
+    original = socket.socket.connect
+
+    def connect(sock: socket.socket, address: Any) -> None:
+        if threading.get_ident() == me:
+            attempts.append(address)
+        original(sock, address)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", connect)
+        yield attempts

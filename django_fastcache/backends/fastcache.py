@@ -116,6 +116,7 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
         NodeStates(os.path.join(directory, "nodes"), client.cluster.node_ids),
         max_staleness=options.disk_max_staleness,
         on_node_out=lambda node_id: _announce_node_out(node_id, directory),
+        directory=directory,
     )
     maintenance.register(tiered)
     return Shared(client, blocking, tiered, tiered)

@@ -15,6 +15,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator
 
 from .store import DiskError
@@ -39,17 +40,35 @@ class Journal:
     def _connect(self) -> sqlite3.Connection:
         connection = self._connection
         if connection is None or self._pid != os.getpid():
-            try:
-                connection = sqlite3.connect(
-                    self.path, timeout=self.timeout, isolation_level=None,
-                    check_same_thread=False,
-                )  # fmt: skip
-                connection.execute("PRAGMA journal_mode=WAL")
-                connection.execute("PRAGMA synchronous=NORMAL")
-                connection.execute(_SCHEMA)
-            except sqlite3.Error as exc:
-                raise DiskError(f"cannot open the outage journal {self.path}: {exc}") from exc
+            # Several processes opening a new journal at once (the first outage) race to
+            # switch it to WAL, and SQLite answers the losers "database is locked" at once,
+            # without waiting for its busy timeout: try again until the timeout.
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    connection = self._open()
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" in str(exc) and time.monotonic() < deadline:
+                        time.sleep(0.001)
+                        continue
+                    raise DiskError(f"cannot open the outage journal {self.path}: {exc}") from exc
+                except sqlite3.Error as exc:
+                    raise DiskError(f"cannot open the outage journal {self.path}: {exc}") from exc
             self._connection, self._pid = connection, os.getpid()
+        return connection
+
+    def _open(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.execute(_SCHEMA)
+        except BaseException:
+            connection.close()
+            raise
         return connection
 
     @contextlib.contextmanager
@@ -107,3 +126,10 @@ class Journal:
     def clear(self) -> None:
         with self.transaction() as connection:
             connection.execute("DELETE FROM journal")
+
+    def close(self) -> None:
+        """Close this process's connection (the next use opens a new one)."""
+        with self._lock:
+            connection, self._connection = self._connection, None
+            if connection is not None and self._pid == os.getpid():
+                connection.close()

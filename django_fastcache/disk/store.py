@@ -21,13 +21,15 @@ import contextlib
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import diskcache
 
 from ..errors import FastCacheError
+
+T = TypeVar("T")
 
 _HEADER = struct.Struct("<Id")  # flags (u32), written at (seconds since the epoch)
 
@@ -78,8 +80,11 @@ class DiskStore:
         size_limit: int = 1024**3,
         eviction_policy: str = "least-recently-stored",
         timeout: float = 0.010,
+        lock_wait: float = 2.0,
     ) -> None:
         self.directory = directory
+        #: Seconds a write waits, at most, for a shard lock another process holds.
+        self.lock_wait = lock_wait
         self._options: dict[str, Any] = {
             "shards": shards,
             "timeout": timeout,
@@ -124,11 +129,49 @@ class DiskStore:
         except Exception as exc:  # SQLite, the file system, a lock timeout
             raise DiskError(f"disk tier {what} failed: {type(exc).__name__}: {exc}") from exc
 
+    def _waiting(self, operation: Callable[[], T]) -> T:
+        """Run a shard operation, again while another process holds the shard's lock.
+
+        A lock is held across a memcached round trip (see :mod:`django_fastcache.tiered`),
+        so it may be held for up to the operation timeout. Giving up after SQLite's short
+        busy timeout would leave the key's disk entry older than memcached's value, so
+        writes keep trying for ``lock_wait`` seconds (each try waits ``timeout``)."""
+        try:
+            return operation()
+        except diskcache.Timeout:
+            deadline = time.monotonic() + self.lock_wait
+        while True:
+            try:
+                return operation()
+            except diskcache.Timeout:
+                if time.monotonic() >= deadline:
+                    raise
+
     @contextlib.contextmanager
     def locked(self, key: bytes) -> Iterator[None]:
-        """Hold the write lock of ``key``'s shard (host-wide: every process shares it)."""
-        with self._failures("lock"), self._shard(key).transact(retry=False):
+        """Hold the write lock of ``key``'s shard (host-wide: every process shares it).
+
+        Only the disk tier's own failures (taking the lock, committing) become
+        :class:`DiskError`; an error raised by the block itself (a memcached round trip)
+        rolls the transaction back and goes through unchanged."""
+
+        def begin() -> contextlib.AbstractContextManager[None]:
+            transaction: contextlib.AbstractContextManager[None] = self._shard(key).transact(
+                retry=False
+            )
+            transaction.__enter__()
+            return transaction
+
+        with self._failures("lock"):
+            transaction = self._waiting(begin)
+        try:
             yield
+        except BaseException as exc:
+            with contextlib.suppress(Exception):  # the rollback re-raises ``exc``
+                transaction.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        with self._failures("commit"):
+            transaction.__exit__(None, None, None)
 
     # -- operations ----------------------------------------------------------------------
     # get and set are on the request path: plain try blocks, no context manager per call.
@@ -147,7 +190,10 @@ class DiskStore:
             self.delete(key)
             return
         try:
-            self._shard(key).set(key, _encode(data, flags, time.time()), expire=ttl, retry=False)
+            shard = self._shard(key)
+            self._waiting(
+                lambda: shard.set(key, _encode(data, flags, time.time()), expire=ttl, retry=False)
+            )
         except Exception as exc:
             raise DiskError(f"disk tier write failed: {type(exc).__name__}: {exc}") from exc
 
@@ -156,22 +202,27 @@ class DiskStore:
         if ttl is not None and ttl <= 0:
             return self.get(key) is None
         with self._failures("write"):
+            shard = self._shard(key)
             return bool(
-                self._shard(key).add(
-                    key, _encode(data, flags, time.time()), expire=ttl, retry=False
+                self._waiting(
+                    lambda: shard.add(
+                        key, _encode(data, flags, time.time()), expire=ttl, retry=False
+                    )
                 )
             )
 
     def delete(self, key: bytes) -> bool:
         with self._failures("delete"):
-            return bool(self._shard(key).delete(key, retry=False))
+            shard = self._shard(key)
+            return bool(self._waiting(lambda: shard.delete(key, retry=False)))
 
     def touch(self, key: bytes, ttl: float | None) -> bool:
         if ttl is not None and ttl <= 0:
-            self.delete(key)
-            return False
+            # Expired at once, as memcached does: True when there was an entry to touch.
+            return self.delete(key)
         with self._failures("touch"):
-            return bool(self._shard(key).touch(key, expire=ttl, retry=False))
+            shard = self._shard(key)
+            return bool(self._waiting(lambda: shard.touch(key, expire=ttl, retry=False)))
 
     def clear(self) -> None:
         with self._failures("clear"):
@@ -191,3 +242,4 @@ class DiskStore:
         if self._fanout is not None and self._pid == os.getpid():
             self._fanout.close()
         self._fanout = None
+        self._shards = ()

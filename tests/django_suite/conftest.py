@@ -8,6 +8,8 @@ backend in class attributes (``MemcachedSuiteMixin`` in the test module)::
         backend = "django_fastcache.backends.FastCache"
         backend_options = {"operation_timeout": 0.5}  # the OPTIONS; None: no OPTIONS key
         # location(server) -> the LOCATION string, server.location by default
+        # options(directory) -> the OPTIONS, backend_options by default; directory is a
+        # fresh temporary directory of the class's own (for a disk tier)
 
 For the whole class, ``django_cache_suite`` points every cache alias of Django's suite at one
 node of the session's memcached processes (``_memcached_processes`` in tests/conftest.py),
@@ -26,6 +28,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils.module_loading import import_string
 
+from tests.conftest import forget_stacks
 from tests.django_suite.fetch import installed_apps_with_suite, load_cache_tests
 
 if TYPE_CHECKING:
@@ -52,6 +55,7 @@ def _django_cache_suite_tables(django_db_setup: None, django_db_blocker: Any) ->
 @pytest.fixture(scope="class")
 def django_cache_suite(
     request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
     _memcached_processes: MemcachedCluster,
     _django_cache_suite_tables: None,
 ) -> Iterator[None]:
@@ -64,11 +68,15 @@ def django_cache_suite(
     server = _memcached_processes.tcp[0]
     server.flush()
     params: dict[str, Any] = {"BACKEND": cls.backend, "LOCATION": cls.location(server)}
-    options = getattr(cls, "backend_options", None)
+    directory = tmp_path_factory.mktemp(cls.__name__)
+    options = cls.options(directory)
     if options is not None:
         params["OPTIONS"] = dict(options)
     cls.memcached_server = server
     cls.base_params = params  # BaseMemcachedTests reads it to build more settings
     caches = suite.caches_setting_for_tests(base=params, exclude=suite.memcached_excluded_caches)
-    with override_settings(CACHES=caches, INSTALLED_APPS=installed_apps_with_suite()):
-        yield
+    try:
+        with override_settings(CACHES=caches, INSTALLED_APPS=installed_apps_with_suite()):
+            yield
+    finally:
+        forget_stacks(directory)

@@ -4,6 +4,15 @@ The tests are those of ``BaseMemcachedTests`` (and ``BaseCacheTests`` under it) 
 ``tests/cache/tests.py`` of the installed Django's sdist, fetched at test time (``fetch.py``).
 Every deviation from Django's suite is an override in this file with its reason next to it.
 
+The suite runs three times, once per way FastCache can store:
+
+* ``FastCacheTests``: memcached alone (``disk_tier`` off);
+* ``TieredFastCacheTests``: memcached with the disk tier behind it (the default), in a
+  fresh directory;
+* ``DiskOnlyFastCacheTests``: the disk tier with memcached unreachable (LOCATION is a
+  loopback port nothing listens on): the node is marked out on first use and every
+  operation is answered by the disk tier alone.
+
 Only the classes defined here are collected: the suite module is reached through the module
 object ``suite``, so none of its TestCase classes (LocMem, FileBased, DB, Redis, PyLibMC...)
 is bound to a name in this module.
@@ -13,6 +22,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
@@ -21,6 +31,8 @@ from django.core import signals
 from django.core.cache import cache
 from django.db import close_old_connections
 
+from django_fastcache.testing.servers import free_port
+from tests.conftest import MEMCACHED_ONLY, connects_from_this_thread
 from tests.django_suite.fetch import SuiteUnavailable, load_cache_tests, running_in_ci
 
 if TYPE_CHECKING:
@@ -54,6 +66,11 @@ class MemcachedSuiteMixin:
     def location(cls, server: MemcachedServer) -> str:
         return server.location
 
+    @classmethod
+    def options(cls, directory: Path) -> dict[str, Any] | None:
+        """The OPTIONS; ``directory`` is a fresh temporary directory of the class's own."""
+        return cls.backend_options
+
 
 @pytest.mark.usefixtures("django_cache_suite")
 class FastCacheTests(
@@ -62,7 +79,9 @@ class FastCacheTests(
     django_test.TestCase,
 ):
     backend = "django_fastcache.backends.FastCache"
-    backend_options = None  # defaults: every option at its documented default
+    # memcached alone, said explicitly: the disk tier is on by default, and has classes of
+    # its own below.
+    backend_options = MEMCACHED_ONLY
 
     # Connection pools are process-global and outlive the per-request backend instances:
     # close() at the end of a request must not disconnect.
@@ -100,6 +119,64 @@ class FastCacheTests(
         assert failing_keys == ["too-large"]
         assert cache.get("key") == "value"
         assert cache.get("too-large") is None
+
+
+class TieredFastCacheTests(FastCacheTests):
+    """memcached with the disk tier behind it, the default configuration: every option at
+    its default but ``disk_directory``, a fresh directory of the class's own."""
+
+    backend_options = None
+
+    @classmethod
+    def options(cls, directory: Path) -> dict[str, Any] | None:
+        return {"disk_directory": str(directory / "disk")}
+
+    def test_set_many_returns_failing_keys(self) -> None:
+        super().test_set_many_returns_failing_keys()
+        # And in the disk tier too, the failing key's old value is gone.
+        tiered = cache._shared().tiered
+        assert tiered is not None
+        assert tiered.disk.get(cache.wire_key("too-large")) is None
+        assert tiered.disk.get(cache.wire_key("key")) is not None
+
+
+class DiskOnlyFastCacheTests(TieredFastCacheTests):
+    """The disk tier alone: LOCATION is a loopback port where nothing listens. The first
+    operation fails to connect, marks the node out, and from then on every operation is
+    the disk tier's; the background probe keeps failing and never runs on a request.
+    Every test of Django's suite applies and passes as it is; test_close is overridden
+    (below) because there is no memcached to observe, and test_set_many_returns_failing_keys
+    (FastCacheTests' version, checking the disk tier as TieredFastCacheTests does) holds
+    as it is: its value is over max_value_size, refused before any I/O."""
+
+    @classmethod
+    def location(cls, server: MemcachedServer) -> str:
+        return f"127.0.0.1:{free_port()}"
+
+    def setUp(self) -> None:
+        super().setUp()
+        # Every test here runs with the node out (after the first, it already is).
+        cache.get("mark-the-node-out")
+        stats = cache.tier_stats()
+        assert stats is not None
+        assert [node["state"] for node in stats["nodes"].values()] == ["out"]
+
+    def test_close(self) -> None:
+        # Override: there is no memcached to hold connections, so Django's question (does
+        # request_finished drop them?) has nothing to observe. What must hold instead: after
+        # request_finished the disk tier still answers, and a request with the node out
+        # makes no connection attempt at all (probing is the maintenance thread's job).
+        cache.set("close-probe", "value")
+        with connects_from_this_thread() as attempts:
+            signals.request_finished.disconnect(close_old_connections)
+            try:
+                signals.request_finished.send(self.__class__)
+            finally:
+                signals.request_finished.connect(close_old_connections)
+            assert cache.get("close-probe") == "value"
+            cache.set("close-probe", "other")
+            assert cache.get("close-probe") == "other"
+        assert attempts == []
 
 
 def memcached_stats(server: MemcachedServer) -> dict[str, str]:

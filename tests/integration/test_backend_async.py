@@ -1,7 +1,10 @@
 """FastCache's async API against real memcached: every ``a*`` method, natively async.
 
 Each test runs its coroutines on a fresh event loop (stock asyncio, and uvloop where it is
-installed) and closes that loop's connections at the end.
+installed) and closes that loop's connections at the end. Tests over the ``cache`` and
+``cluster_cache`` fixtures run twice: over memcached alone and with the disk tier behind it
+(``tier_options``). The few that check how the memcached-only store uses the wire take the
+``memcached_only_*`` fixtures, each next to a test of what the tiered store does instead.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.client import Client
+from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.connection import Connection
 from django_fastcache.protocol import ReplyKind
 from django_fastcache.testing.servers import MemcachedServer
+from tests.conftest import MEMCACHED_ONLY
 
 if TYPE_CHECKING:
     from tests.conftest import MemcachedCluster
@@ -84,13 +89,37 @@ def remaining_ttl(server: MemcachedServer, key: str) -> int | None:
 
 
 @pytest.fixture
-def cache(memcached: MemcachedServer) -> FastCache:
-    return FastCache(memcached.location, {"TIMEOUT": 300})
+def cache(memcached: MemcachedServer, tier_options: dict[str, Any]) -> FastCache:
+    return FastCache(memcached.location, {"TIMEOUT": 300, "OPTIONS": tier_options})
 
 
 @pytest.fixture
-def cluster_cache(memcached_cluster: MemcachedCluster) -> FastCache:
-    return FastCache(memcached_cluster.locations, {"TIMEOUT": 300})
+def cluster_cache(memcached_cluster: MemcachedCluster, tier_options: dict[str, Any]) -> FastCache:
+    return FastCache(memcached_cluster.locations, {"TIMEOUT": 300, "OPTIONS": tier_options})
+
+
+@pytest.fixture
+def memcached_only_cache(memcached: MemcachedServer) -> FastCache:
+    return FastCache(memcached.location, {"TIMEOUT": 300, "OPTIONS": MEMCACHED_ONLY})
+
+
+@pytest.fixture
+def memcached_only_cluster_cache(memcached_cluster: MemcachedCluster) -> FastCache:
+    return FastCache(memcached_cluster.locations, {"TIMEOUT": 300, "OPTIONS": MEMCACHED_ONLY})
+
+
+@pytest.fixture
+def tiered_cache(memcached: MemcachedServer, disk_directory: str) -> FastCache:
+    return FastCache(
+        memcached.location, {"TIMEOUT": 300, "OPTIONS": {"disk_directory": disk_directory}}
+    )
+
+
+@pytest.fixture
+def tiered_cluster_cache(memcached_cluster: MemcachedCluster, disk_directory: str) -> FastCache:
+    return FastCache(
+        memcached_cluster.locations, {"TIMEOUT": 300, "OPTIONS": {"disk_directory": disk_directory}}
+    )
 
 
 # -- every a* method, with its result ------------------------------------------------------
@@ -363,8 +392,10 @@ def io_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, Any]]:
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_async_methods_run_on_the_callers_thread_and_loop(
-    cache: FastCache, io_calls: list[tuple[int, Any]], loop: str
+    memcached_only_cache: FastCache, io_calls: list[tuple[int, Any]], loop: str
 ) -> None:
+    # memcached alone: every method is its command(s) on the async client.
+    cache = memcached_only_cache
     caller = threading.get_ident()
 
     async def work() -> None:
@@ -382,8 +413,12 @@ def test_async_methods_run_on_the_callers_thread_and_loop(
 
 
 def test_async_methods_do_not_use_the_blocking_client(
-    cache: FastCache, monkeypatch: pytest.MonkeyPatch
+    memcached_only_cache: FastCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # memcached alone. The tiered store does use the blocking client, on purpose: see
+    # test_tiered_async_methods_stay_on_the_callers_thread.
+    cache = memcached_only_cache
+
     def forbidden(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the async API used the blocking client")
 
@@ -397,6 +432,46 @@ def test_async_methods_do_not_use_the_blocking_client(
     arun(cache, work)
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_tiered_async_methods_stay_on_the_callers_thread(
+    tiered_cache: FastCache,
+    io_calls: list[tuple[int, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    loop: str,
+) -> None:
+    """With the disk tier, the round trips made under a disk shard lock (delete, incr/decr,
+    refills) go through the blocking client, because a SQLite transaction belongs to its
+    thread and must not stay open across an ``await``. Every one of them, like every use of
+    the async client, runs on the caller's thread: nothing hops (``io_calls`` fails any
+    sync_to_async or executor), and the async client only ever runs on the caller's loop."""
+    cache = tiered_cache
+    caller = threading.get_ident()
+    blocking_calls: list[int] = []
+    original = BlockingClient._exchange
+
+    def exchange(self: BlockingClient, *args: Any, **kwargs: Any) -> Any:
+        blocking_calls.append(threading.get_ident())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BlockingClient, "_exchange", exchange)
+
+    async def work() -> None:
+        running = asyncio.get_running_loop()
+        for name, call in every_method(cache):
+            before, blocking_before = len(io_calls), len(blocking_calls)
+            await call()
+            did_io = len(io_calls) > before or len(blocking_calls) > blocking_before
+            assert did_io, f"{name} reached no memcached"
+            assert all(thread == caller for thread, _loop in io_calls[before:]), name
+            assert all(used is running for _thread, used in io_calls[before:]), name
+            assert all(thread == caller for thread in blocking_calls[blocking_before:]), name
+        await cache.aclose()
+
+    arun(cache, work, loop)
+    assert io_calls  # the plain reads and writes do use the async client
+    assert blocking_calls  # and the locked round trips the blocking one
+
+
 # -- one round trip per node ------------------------------------------------------------------
 
 
@@ -406,11 +481,11 @@ def pipelines(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     writes: Counter[str] = Counter()
     original = Connection.request_many
 
-    def request_many(self: Connection, data: bytes, kinds: list[Any]) -> Any:
+    def request_many(self: Connection, *args: Any) -> Any:
         transport = self._transport  # type: ignore[attr-defined]
         name = transport.get_extra_info("peername") or transport.get_extra_info("sockname")
         writes[str(name)] += 1
-        return original(self, data, kinds)
+        return original(self, *args)
 
     monkeypatch.setattr(Connection, "request_many", request_many)
     return writes
@@ -446,9 +521,13 @@ def test_aget_many_makes_one_round_trip_per_node(
 
 
 def test_aset_many_and_adelete_many_make_one_round_trip_per_node(
-    cluster_cache: FastCache, memcached_cluster: MemcachedCluster, pipelines: Counter[str]
+    memcached_only_cluster_cache: FastCache,
+    memcached_cluster: MemcachedCluster,
+    pipelines: Counter[str],
 ) -> None:
-    cache = cluster_cache
+    # memcached alone. With the disk tier, adelete_many deletes key by key under each key's
+    # disk lock: see the next test.
+    cache = memcached_only_cluster_cache
     data = {f"item-{n}": n for n in range(200)}
     nodes = len(memcached_cluster.servers)
 
@@ -463,6 +542,28 @@ def test_aset_many_and_adelete_many_make_one_round_trip_per_node(
     assert cache.get_many(data) == {}
 
 
+def test_tiered_aset_many_is_one_round_trip_per_node_and_adelete_many_clears_both_tiers(
+    tiered_cluster_cache: FastCache,
+    memcached_cluster: MemcachedCluster,
+    pipelines: Counter[str],
+) -> None:
+    cache = tiered_cluster_cache
+    data = {f"item-{n}": n for n in range(200)}
+    nodes = len(memcached_cluster.servers)
+    disk = cache._shared().tiered
+    assert disk is not None
+
+    async def store() -> list[Any]:
+        return await cache.aset_many(data)
+
+    assert arun(cache, store) == []
+    assert sorted(pipelines.values()) == [1] * nodes
+    assert all(disk.disk.get(cache.wire_key(key)) is not None for key in data)
+    arun(cache, lambda: cache.adelete_many(data))
+    assert all(disk.disk.get(cache.wire_key(key)) is None for key in data)
+    assert cache.get_many(data) == {}
+
+
 def test_aget_many_asks_the_nodes_at_once(
     cluster_cache: FastCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -474,9 +575,9 @@ def test_aget_many_asks_the_nodes_at_once(
     original_many = Connection.request_many
     original_received = Connection.data_received
 
-    def request_many(self: Connection, data: bytes, kinds: list[Any]) -> Any:
+    def request_many(self: Connection, *args: Any) -> Any:
         events.append("write")
-        return original_many(self, data, kinds)
+        return original_many(self, *args)
 
     def data_received(self: Connection, data: bytes) -> None:
         events.append("read")

@@ -3,6 +3,9 @@
 Each section is one point of "Django contract, the points most often gotten wrong" in the
 design brief. Server-side facts (remaining TTLs, command counters, connections accepted)
 are read over a separate raw socket with memcached's ``stats`` and meta ``mg`` commands.
+
+The contract holds however FastCache stores: every test that takes ``tier_options`` (the
+``cache`` fixture does) runs twice, over memcached alone and with the disk tier behind it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from django.test import override_settings
 from django_fastcache.backends import FastCache
 from django_fastcache.errors import FastCacheError, ValueTooLargeError
 from django_fastcache.testing.servers import MemcachedServer, free_port
+from tests.conftest import MEMCACHED_ONLY
 
 pytestmark = pytest.mark.integration
 
@@ -118,8 +122,8 @@ def probe(memcached: MemcachedServer) -> Iterator[Probe]:
 
 
 @pytest.fixture
-def cache(memcached: MemcachedServer) -> FastCache:
-    return FastCache(memcached.location, {"TIMEOUT": 300})
+def cache(memcached: MemcachedServer, tier_options: dict[str, Any]) -> FastCache:
+    return FastCache(memcached.location, {"TIMEOUT": 300, "OPTIONS": tier_options})
 
 
 def arun(cache: FastCache, work: Callable[[], Awaitable[Any]]) -> Any:
@@ -183,8 +187,12 @@ def test_close_keeps_the_async_pool(cache: FastCache, probe: Probe) -> None:
     arun(cache, work)
 
 
-def test_instances_per_thread_share_one_client(memcached: MemcachedServer) -> None:
-    settings = {"default": {"BACKEND": BACKEND, "LOCATION": memcached.location}}
+def test_instances_per_thread_share_one_client(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    settings = {
+        "default": {"BACKEND": BACKEND, "LOCATION": memcached.location, "OPTIONS": tier_options}
+    }
     with override_settings(CACHES=settings):
         found: list[FastCache] = []
 
@@ -206,8 +214,12 @@ def test_instances_per_thread_share_one_client(memcached: MemcachedServer) -> No
         assert found[-1].get("missing", "default") == "default"
 
 
-def test_instances_per_task_share_one_client(memcached: MemcachedServer) -> None:
-    settings = {"default": {"BACKEND": BACKEND, "LOCATION": memcached.location}}
+def test_instances_per_task_share_one_client(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    settings = {
+        "default": {"BACKEND": BACKEND, "LOCATION": memcached.location, "OPTIONS": tier_options}
+    }
     with override_settings(CACHES=settings):
 
         async def task(n: int) -> FastCache:
@@ -227,12 +239,19 @@ def test_instances_per_task_share_one_client(memcached: MemcachedServer) -> None
         }
 
 
-def test_clients_are_shared_by_configuration(memcached: MemcachedServer) -> None:
-    first = FastCache(memcached.location, {})
-    second = FastCache([memcached.location], {"KEY_PREFIX": "other", "TIMEOUT": 5})
-    different = FastCache(memcached.location, {"OPTIONS": {"operation_timeout": 2.5}})
+def test_clients_are_shared_by_configuration(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    first = FastCache(memcached.location, {"OPTIONS": tier_options})
+    second = FastCache(
+        [memcached.location], {"KEY_PREFIX": "other", "TIMEOUT": 5, "OPTIONS": dict(tier_options)}
+    )
+    different = FastCache(
+        memcached.location, {"OPTIONS": {**tier_options, "operation_timeout": 2.5}}
+    )
     assert first.client is second.client
     assert first.blocking_client is second.blocking_client
+    assert first._store is second._store
     assert different.client is not first.client
 
 
@@ -335,9 +354,11 @@ def test_timeout_none_never_expires(cache: FastCache, probe: Probe) -> None:
     assert cache.get("k") == "v"
 
 
-def test_default_timeout_comes_from_settings(memcached: MemcachedServer, probe: Probe) -> None:
-    FastCache(memcached.location, {"TIMEOUT": 1000}).set("a", 1)
-    FastCache(memcached.location, {"TIMEOUT": None}).set("b", 1)
+def test_default_timeout_comes_from_settings(
+    memcached: MemcachedServer, probe: Probe, tier_options: dict[str, Any]
+) -> None:
+    FastCache(memcached.location, {"TIMEOUT": 1000, "OPTIONS": tier_options}).set("a", 1)
+    FastCache(memcached.location, {"TIMEOUT": None, "OPTIONS": tier_options}).set("b", 1)
     ttl = probe.ttl(":1:a")
     assert ttl is not None
     assert 995 <= ttl <= 1000
@@ -674,9 +695,9 @@ def test_every_kind_of_invalid_key_is_refused(cache: FastCache, probe: Probe, ke
 
 
 def test_key_length_is_measured_in_bytes_after_prefix_and_version(
-    memcached: MemcachedServer, probe: Probe
+    memcached: MemcachedServer, probe: Probe, tier_options: dict[str, Any]
 ) -> None:
-    cache = FastCache(memcached.location, {"KEY_PREFIX": "site"})
+    cache = FastCache(memcached.location, {"KEY_PREFIX": "site", "OPTIONS": tier_options})
     longest = "a" * (250 - len("site:1:"))
     cache.set(longest, 1)
     assert cache.get(longest) == 1
@@ -720,8 +741,10 @@ def test_validate_key_uses_django_messages(cache: FastCache) -> None:
     cache.validate_key(":1:" + "a" * 247)
 
 
-def test_hash_invalid_keys_makes_them_work(memcached: MemcachedServer, probe: Probe) -> None:
-    cache = FastCache(memcached.location, {"OPTIONS": {"hash_invalid_keys": True}})
+def test_hash_invalid_keys_makes_them_work(
+    memcached: MemcachedServer, probe: Probe, tier_options: dict[str, Any]
+) -> None:
+    cache = FastCache(memcached.location, {"OPTIONS": {**tier_options, "hash_invalid_keys": True}})
     keys = [*BAD_CHARACTER_KEYS, *TOO_LONG_KEYS, "é" * 125, "\ud800", "\udc00"]
     cache.set_many({key: index for index, key in enumerate(keys)})
     assert cache.get_many(keys) == {key: index for index, key in enumerate(keys)}
@@ -764,9 +787,9 @@ def test_set_refused_by_the_server_removes_the_old_value(cache: FastCache) -> No
 
 
 def test_set_over_a_small_max_value_size_removes_the_old_value(
-    memcached: MemcachedServer, probe: Probe
+    memcached: MemcachedServer, probe: Probe, tier_options: dict[str, Any]
 ) -> None:
-    cache = FastCache(memcached.location, {"OPTIONS": {"max_value_size": 100}})
+    cache = FastCache(memcached.location, {"OPTIONS": {**tier_options, "max_value_size": 100}})
     cache.set("k", "old")
     sets = probe.stats()["cmd_set"]
     with pytest.raises(ValueTooLargeError):
@@ -867,7 +890,11 @@ def test_construction_does_no_io(no_connections: list[Any]) -> None:
 
 
 def test_first_use_of_an_unreachable_server_raises_a_fastcache_error() -> None:
-    cache = FastCache(f"127.0.0.1:{free_port()}", {"OPTIONS": {"connect_timeout": 2}})
+    # memcached alone: there is nothing else to answer, so the failure is the caller's.
+    # (With the disk tier, the default, the tier answers instead: see the next test.)
+    cache = FastCache(
+        f"127.0.0.1:{free_port()}", {"OPTIONS": {**MEMCACHED_ONLY, "connect_timeout": 2}}
+    )
     with pytest.raises(FastCacheError):
         cache.get("k")
     with pytest.raises(FastCacheError):
@@ -878,6 +905,34 @@ def test_first_use_of_an_unreachable_server_raises_a_fastcache_error() -> None:
             await cache.aget("k")
 
     arun(cache, work)
+
+
+def test_first_use_of_an_unreachable_server_with_the_disk_tier_is_answered_from_disk(
+    disk_directory: str,
+) -> None:
+    # Tiered behaviour: the unreachable node is marked out on the first failure and the
+    # disk tier answers, reads and writes alike; nothing is raised to the caller.
+    location = f"127.0.0.1:{free_port()}"
+    cache = FastCache(
+        location, {"OPTIONS": {"disk_directory": disk_directory, "connect_timeout": 2}}
+    )
+    assert cache.get("k", "default") == "default"
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert stats["nodes"][location]["state"] == "out"
+    cache.set("k", 1)
+    assert cache.get("k") == 1
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert stats["nodes"][location]["journal_length"] == 1  # to replay when it is back
+
+    async def work() -> None:
+        assert await cache.aget("k") == 1
+        await cache.aset("k", 2)
+        assert await cache.aget("k") == 2
+
+    arun(cache, work)
+    assert cache.get("k") == 2
 
 
 def test_first_use_of_a_malformed_address_raises_a_fastcache_error() -> None:

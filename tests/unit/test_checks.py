@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core import checks
 from django.core.checks import Error
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_fastcache.backends import FastCache
 from django_fastcache.checks import check_fastcache_settings
+from django_fastcache.disk.location import default_directory
+from django_fastcache.testing.servers import free_port
 
 BACKEND = "django_fastcache.backends.FastCache"
 GOOD = "127.0.0.1:11211"
@@ -167,3 +171,80 @@ def test_the_check_runs_with_django_cache_checks() -> None:
     with override_settings(CACHES=caches):
         messages = checks.run_checks(tags=[checks.Tags.caches])
     assert "django_fastcache.E006" in ids(messages)
+
+
+# -- E014: a disk tier directory others may write to ------------------------------------------
+
+
+def disk_caches(directory: Any, **options: Any) -> dict[str, dict[str, Any]]:
+    return {
+        "default": {
+            "BACKEND": BACKEND,
+            "LOCATION": GOOD,
+            "OPTIONS": {"disk_directory": str(directory), **options},
+        }
+    }
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777, 0o1777])
+def test_a_disk_directory_writable_by_others_is_e014(tmp_path: Path, mode: int) -> None:
+    directory = tmp_path / "disk"
+    directory.mkdir()
+    directory.chmod(mode)
+    messages = run(disk_caches(directory))
+    assert ids(messages) == ["django_fastcache.E014"]
+    assert messages[0].msg.startswith("CACHES['default']: ")
+    assert str(directory) in messages[0].msg
+    assert messages[0].hint
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o750, 0o755, 0o500])
+def test_a_disk_directory_only_this_user_writes_is_fine(tmp_path: Path, mode: int) -> None:
+    directory = tmp_path / "disk"
+    directory.mkdir()
+    directory.chmod(mode)
+    try:
+        assert run(disk_caches(directory)) == []
+    finally:
+        directory.chmod(0o700)
+
+
+def test_a_disk_directory_not_made_yet_is_fine(tmp_path: Path) -> None:
+    # The backend creates it, 0700, on first use.
+    assert run(disk_caches(tmp_path / "not" / "yet")) == []
+    assert not (tmp_path / "not").exists()  # and the check created nothing
+
+
+def test_a_disk_directory_is_not_checked_when_the_tier_is_off(tmp_path: Path) -> None:
+    directory = tmp_path / "disk"
+    directory.mkdir()
+    directory.chmod(0o777)
+    assert run(disk_caches(directory, disk_tier=False)) == []
+
+
+def test_the_derived_disk_directory_is_checked_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    caches = {"default": {"BACKEND": BACKEND, "LOCATION": GOOD}}
+    assert run(caches) == []
+    derived = Path(default_directory([GOOD]))
+    assert derived.is_relative_to(tmp_path)
+    derived.mkdir(parents=True)
+    derived.chmod(0o777)
+    messages = run(caches)
+    assert ids(messages) == ["django_fastcache.E014"]
+    assert str(derived) in messages[0].msg
+
+
+def test_the_backend_refuses_a_disk_directory_writable_by_others(tmp_path: Path) -> None:
+    directory = tmp_path / "disk"
+    directory.mkdir()
+    directory.chmod(0o777)
+    # Nothing listens at that port; the directory is refused before any connection.
+    cache = FastCache(f"127.0.0.1:{free_port()}", {"OPTIONS": {"disk_directory": str(directory)}})
+    with pytest.raises(ImproperlyConfigured, match="writable by other users"):
+        cache.get("k")
+    with pytest.raises(ImproperlyConfigured, match="writable by other users"):
+        cache.set("k", 1)
+    assert list(directory.iterdir()) == []  # nothing was written into it

@@ -60,6 +60,18 @@ GOOD_VALUES: dict[str, list[Any]] = {
     "compress_min_length": [None, 1, 4096],
     "compress_level": list(range(1, 10)),
     "hash_invalid_keys": [True, False],
+    "disk_tier": [True, False],
+    "disk_directory": [None, "/var/cache/site", "relative/dir"],
+    "disk_shards": [1, 8, 64],
+    "disk_size_limit": [1, 10 * 1024**3],
+    "disk_eviction_policy": [
+        "least-recently-stored",
+        "least-recently-used",
+        "least-frequently-used",
+        "none",
+    ],
+    "disk_timeout": [0.001, 1, 2.5],
+    "disk_max_staleness": [0.5, 300, 86400.0],
 }
 
 
@@ -122,7 +134,16 @@ def test_unknown_keys_of_mixed_types_are_reported() -> None:
     assert ids(problems) == ["django_fastcache.E001"] * 2
 
 
-@pytest.mark.parametrize("name", ["operation_timeout", "connect_timeout", "idle_timeout"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "operation_timeout",
+        "connect_timeout",
+        "idle_timeout",
+        "disk_timeout",
+        "disk_max_staleness",
+    ],
+)
 @pytest.mark.parametrize("value", [0, -1, -0.5, "1", None, True, float("nan"), float("inf"), [1]])
 def test_timeouts_must_be_positive_finite_numbers_e002(name: str, value: Any) -> None:
     options, problems = parse_options({name: value})
@@ -133,7 +154,15 @@ def test_timeouts_must_be_positive_finite_numbers_e002(name: str, value: Any) ->
 
 
 @pytest.mark.parametrize(
-    "name", ["min_connections", "max_connections", "max_value_size", "compress_min_length"]
+    "name",
+    [
+        "min_connections",
+        "max_connections",
+        "max_value_size",
+        "compress_min_length",
+        "disk_shards",
+        "disk_size_limit",
+    ],
 )
 @pytest.mark.parametrize("value", [0, -3, 1.5, 2.0, "2", True, [2]])
 def test_counts_must_be_positive_integers_e003(name: str, value: Any) -> None:
@@ -149,6 +178,29 @@ def test_hash_invalid_keys_must_be_a_bool_e004(value: Any) -> None:
     assert ids(problems) == ["django_fastcache.E004"]
     assert "hash_invalid_keys" in problems[0].message
     assert options.hash_invalid_keys is False
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", "False", None])
+def test_disk_tier_must_be_a_bool_e004(value: Any) -> None:
+    options, problems = parse_options({"disk_tier": value})
+    assert ids(problems) == ["django_fastcache.E004"]
+    assert "disk_tier" in problems[0].message
+    assert options.disk_tier is True
+
+
+@pytest.mark.parametrize("value", ["lru", "LEAST-RECENTLY-USED", "", None, 1, ["none"]])
+def test_disk_eviction_policy_must_be_a_known_name_e010(value: Any) -> None:
+    options, problems = parse_options({"disk_eviction_policy": value})
+    assert ids(problems) == ["django_fastcache.E010"]
+    assert "least-recently-stored" in problems[0].message
+    assert options.disk_eviction_policy == "least-recently-stored"
+
+
+@pytest.mark.parametrize("value", [1, b"/var/cache", ["/var/cache"], True])
+def test_disk_directory_must_be_a_path_string_e013(value: Any) -> None:
+    options, problems = parse_options({"disk_directory": value})
+    assert ids(problems) == ["django_fastcache.E013"]
+    assert options.disk_directory is None
 
 
 @pytest.mark.parametrize(
@@ -230,6 +282,8 @@ BAD_OPTIONS: list[Any] = [
     {"min_connections": 9},
     {"serializer": "marshal"},
     {"compress_level": 11},
+    {"disk_eviction_policy": "lru"},
+    {"disk_directory": 7},
 ]
 
 

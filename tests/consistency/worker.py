@@ -1,0 +1,155 @@
+"""What runs in each worker process: Django set up by hand, FastCache, a loop of random
+operations, every one logged.
+
+Started with multiprocessing's "spawn" context, so each worker is a fresh interpreter that
+imports this module, configures Django itself and opens its own connections and SQLite
+handles (nothing is inherited from the parent).
+
+Time stamps come from ``time.monotonic_ns()``: on Linux it reads ``CLOCK_MONOTONIC``, one
+clock for the whole machine, so the stamps of different processes (and of the chaos
+controller in the parent) compare. It never jumps, unlike ``time.time_ns()``.
+``time.perf_counter_ns()`` is the same clock on Linux, but not everywhere, so it is not used.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import time
+import traceback
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from .checker import DELETE, GET, INCR, SET
+
+#: The log's columns and their array type codes. ``kind`` indexes :data:`KINDS`, ``key``
+#: the worker's key list, ``source`` :data:`SOURCES`; ``value`` is :data:`NOTHING` for None.
+COLUMNS = {
+    "kind": "b",
+    "key": "h",
+    "value": "q",
+    "start": "q",
+    "end": "q",
+    "ok": "b",
+    "source": "b",
+}
+KINDS = (GET, SET, DELETE, INCR)
+#: Where an answer came from, as the worker saw it in the disk tier's counters.
+SOURCES = ("memcached", "fallback", "disk", "journaled")
+MEMCACHED, FALLBACK, DISK, JOURNALED = range(len(SOURCES))
+NOTHING = -1
+
+#: Shared counters per worker (a multiprocessing Array of int64), by slot.
+OPS, FALLBACK_READS, DISK_READS, JOURNALED_WRITES = range(4)
+SLOTS = 4
+
+#: A set's value: unique per (worker, write), and spaced so that increments of one value
+#: never reach another: worker w's n-th set writes (w + 1) * 10**12 + n * 10**4.
+WORKER_SPACING = 10**12
+WRITE_SPACING = 10**4
+
+
+@dataclass
+class WorkerConfig:
+    index: int
+    location: list[str]
+    directory: str
+    options: dict[str, Any]
+    keys: int
+    seed: int
+    log_path: str
+    #: Chances of each kind of operation (get, set, delete, incr).
+    mix: tuple[float, float, float, float] = (0.45, 0.25, 0.12, 0.18)
+
+
+def configure_django(location: list[str], options: dict[str, Any]) -> None:
+    """Settings for a process that has none: one FastCache as the default cache."""
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(
+            CACHES={
+                "default": {
+                    "BACKEND": "django_fastcache.backends.FastCache",
+                    "LOCATION": location,
+                    "OPTIONS": options,
+                }
+            },
+            INSTALLED_APPS=["django_fastcache"],
+            USE_TZ=True,
+        )
+        django.setup()
+
+
+def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> None:
+    """Random operations on ``config.keys`` keys until ``stop`` is set; then the log, the
+    errors and the disk tier's counters are pickled to ``config.log_path``.
+
+    The log is kept in columns (:data:`COLUMNS`, arrays of machine integers), about 30
+    bytes an operation, so that a soak of millions of operations fits in memory."""
+    configure_django(config.location, {**config.options, "disk_directory": config.directory})
+    from django.core.cache import cache
+
+    rng = random.Random(config.seed)
+    keys = [f"k{i}" for i in range(config.keys)]
+    base = (config.index + 1) * WORKER_SPACING
+    tiered = cache._shared().tiered  # type: ignore[attr-defined]
+    metrics = tiered.metrics
+    slot = config.index * SLOTS
+    log = {name: array(code) for name, code in COLUMNS.items()}
+    kinds, key_column, values = log["kind"], log["key"], log["value"]
+    starts, ends, oks, sources = log["start"], log["end"], log["ok"], log["source"]
+    errors: list[str] = []
+    writes = 0
+    cache.get("warm-up")  # connections and SQLite opened before the clock starts
+    start.wait()
+    while not stop.is_set():
+        kind = rng.choices(range(len(KINDS)), config.mix)[0]
+        key = rng.randrange(len(keys))
+        value: int | None = None
+        fallbacks, disk_hits, journaled = metrics.fallbacks, metrics.disk_hits, metrics.journaled
+        began = time.monotonic_ns()
+        ok = True
+        try:
+            if kind == 0:
+                value = cache.get(keys[key])
+            elif kind == 1:
+                writes += 1
+                value = base + writes * WRITE_SPACING
+                cache.set(keys[key], value, timeout=None)
+            elif kind == 2:
+                cache.delete(keys[key])
+            else:
+                try:
+                    value = cache.incr(keys[key])
+                except ValueError:
+                    value = None  # the key was missing
+        except Exception:
+            ok = False
+            errors.append(traceback.format_exc())
+        ended = time.monotonic_ns()
+        source = MEMCACHED
+        if metrics.fallbacks != fallbacks:
+            source = FALLBACK
+            if kind == 0:
+                counters[slot + FALLBACK_READS] += 1
+        elif metrics.disk_hits != disk_hits:
+            source = DISK
+            if kind == 0:
+                counters[slot + DISK_READS] += 1
+        if metrics.journaled != journaled:
+            source = JOURNALED
+            counters[slot + JOURNALED_WRITES] += 1
+        counters[slot + OPS] += 1
+        kinds.append(kind)
+        key_column.append(key)
+        values.append(NOTHING if value is None else value)
+        starts.append(began)
+        ends.append(ended)
+        oks.append(ok)
+        sources.append(source)
+    result = {"log": log, "keys": keys, "errors": errors, "stats": cache.tier_stats()}
+    with open(config.log_path, "wb") as out:
+        pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)

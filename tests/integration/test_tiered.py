@@ -1,0 +1,803 @@
+"""The disk tier behind memcached, against real memcached processes.
+
+What each operation does to both tiers, and what happens when a node goes away and comes
+back (the rules are in the docstring of :mod:`django_fastcache.tiered`). memcached is looked
+at from outside over a raw text-protocol connection (:class:`Raw`), the disk tier directly
+through ``cache._shared().tiered.disk``. Outages use memcached processes of the test's own,
+killed (SIGKILL), paused (SIGSTOP: the process keeps its data and sockets but answers nothing)
+and restarted or resumed. The background probe is waited for by polling ``tier_stats()``
+with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_fastcache.backends import FastCache
+from django_fastcache.disk import DiskEntry
+from django_fastcache.errors import ProtocolError, ServerError, ValueTooLargeError
+from django_fastcache.serializers import FLAG_INTEGER
+from django_fastcache.signals import node_back, node_out
+from django_fastcache.testing.servers import MemcachedServer, free_port
+from django_fastcache.tiered import TieredStore
+from tests.conftest import connects_from_this_thread
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+#: How long the background probe may take to bring a node back (its backoff tops at 2 s).
+PROBE_DEADLINE = 30.0
+#: How long memcached's one-second clock and the test's own steps may stretch a TTL.
+TTL_SLACK = 5
+
+
+# -- looking at memcached from outside --------------------------------------------------------
+
+
+class Raw:
+    """One memcached, over a connection per request: get, set, delete, ttl and stats."""
+
+    def __init__(self, server: MemcachedServer) -> None:
+        self.server = server
+
+    def _ask(self, request: bytes, ending: bytes) -> bytes:
+        server = self.server
+        if server.socket_path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address: Any = server.socket_path
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            address = (server.host, server.port)
+        with sock:
+            sock.settimeout(5)
+            sock.connect(address)
+            sock.sendall(request)
+            reply = b""
+            while not reply.endswith(ending):
+                chunk = sock.recv(65536)
+                assert chunk, f"{server.location} closed the connection"
+                reply += chunk
+        return reply
+
+    def get(self, key: bytes) -> tuple[bytes, int] | None:
+        """The item's (data, flags), or None."""
+        reply = self._ask(b"get " + key + b"\r\n", b"END\r\n")
+        if reply == b"END\r\n":
+            return None
+        header, _, rest = reply.partition(b"\r\n")
+        _value, _key, flags, length = header.split()
+        return rest[: int(length)], int(flags)
+
+    def set(self, key: bytes, data: bytes, flags: int = 0) -> None:
+        request = b"set %s %d 0 %d\r\n%s\r\n" % (key, flags, len(data), data)
+        assert self._ask(request, b"\r\n") == b"STORED\r\n"
+
+    def ttl(self, key: bytes) -> int | None:
+        """Seconds the item has left (-1: never expires), or None when it is not there."""
+        reply = self._ask(b"mg " + key + b" t\r\n", b"\r\n")
+        if reply == b"EN\r\n":
+            return None
+        return int(reply.split()[1][1:])
+
+    def stats(self) -> dict[str, int]:
+        values: dict[str, int] = {}
+        for line in self._ask(b"stats\r\n", b"END\r\n").decode().splitlines()[:-1]:
+            _stat, name, value = line.split(" ", 2)
+            if value.isdigit():
+                values[name] = int(value)
+        return values
+
+
+# -- fixtures and helpers -------------------------------------------------------------------
+
+
+def make_cache(location: str, disk_directory: str, **options: Any) -> FastCache:
+    return FastCache(location, {"OPTIONS": {"disk_directory": disk_directory, **options}})
+
+
+def tiered(cache: FastCache) -> TieredStore:
+    store = cache._shared().tiered
+    assert store is not None
+    return store
+
+
+def on_disk(cache: FastCache, key: str) -> DiskEntry | None:
+    return tiered(cache).disk.get(cache.wire_key(key))
+
+
+def encoded(cache: FastCache, value: Any) -> tuple[bytes, int]:
+    return cache._serializer.dumps(value)
+
+
+def node_state(cache: FastCache, node_id: str) -> dict[str, Any]:
+    stats = cache.tier_stats()
+    assert stats is not None
+    state: dict[str, Any] = stats["nodes"][node_id]
+    return state
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = PROBE_DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.02)
+
+
+def wait_for_state(cache: FastCache, node_id: str, state: str) -> None:
+    wait_until(lambda: node_state(cache, node_id)["state"] == state, f"{node_id} is {state}")
+
+
+@pytest.fixture
+def server() -> Iterator[MemcachedServer]:
+    """A memcached of the test's own, to kill, pause, resume and restart."""
+    own = MemcachedServer()
+    own.start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture
+def cache(memcached: MemcachedServer, disk_directory: str) -> FastCache:
+    """A tiered FastCache on the session's (flushed) memcached."""
+    return make_cache(memcached.location, disk_directory)
+
+
+@pytest.fixture
+def raw(memcached: MemcachedServer) -> Raw:
+    return Raw(memcached)
+
+
+@pytest.fixture
+def signals_sent() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Every node_out and node_back sent while the test runs: (signal name, arguments)."""
+    sent: list[tuple[str, dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def on_out(sender: Any, **kwargs: Any) -> None:
+        with lock:
+            sent.append(("node_out", kwargs))
+
+    def on_back(sender: Any, **kwargs: Any) -> None:
+        with lock:
+            sent.append(("node_back", kwargs))
+
+    node_out.connect(on_out, weak=False)
+    node_back.connect(on_back, weak=False)
+    try:
+        yield sent
+    finally:
+        node_out.disconnect(on_out)
+        node_back.disconnect(on_back)
+
+
+# -- reads ------------------------------------------------------------------------------------
+
+
+def test_a_memcached_hit_is_memcacheds_answer(cache: FastCache, raw: Raw) -> None:
+    cache.set("k", "written")
+    # memcached is the first tier: what it holds is the answer, whatever the disk holds.
+    raw.set(cache.wire_key("k"), *encoded(cache, "in memcached"))
+    assert cache.get("k") == "in memcached"
+    assert cache.get_many(["k"]) == {"k": "in memcached"}
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert (stats["disk_hits"], stats["refills"], stats["fallbacks"]) == (0, 0, 0)
+
+
+def test_a_memcached_miss_is_answered_from_disk_and_memcached_is_refilled(
+    cache: FastCache, memcached: MemcachedServer, raw: Raw
+) -> None:
+    cache.set("k", {"value": 1}, timeout=1000)
+    key = cache.wire_key("k")
+    memcached.flush()
+    assert raw.get(key) is None
+    assert cache.get("k") == {"value": 1}
+    # Put back, with what a set would have sent, and the time it had left.
+    assert raw.get(key) == encoded(cache, {"value": 1})
+    ttl = raw.ttl(key)
+    assert ttl is not None
+    assert 1000 - TTL_SLACK <= ttl <= 1000
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert (stats["disk_hits"], stats["refills"]) == (1, 1)
+    # The next read is memcached's.
+    assert cache.get("k") == {"value": 1}
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert stats["disk_hits"] == 1
+
+
+def test_get_many_answers_misses_from_disk_and_refills_them(
+    cache: FastCache, memcached: MemcachedServer, raw: Raw
+) -> None:
+    cache.set_many({"a": 1, "b": "two", "c": [3]})
+    memcached.flush()
+    cache.set("a", 10)  # memcached holds this one again
+    assert cache.get_many(["a", "b", "c", "absent"]) == {"a": 10, "b": "two", "c": [3]}
+    assert raw.get(cache.wire_key("b")) == encoded(cache, "two")
+    assert raw.get(cache.wire_key("c")) == encoded(cache, [3])
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert (stats["disk_hits"], stats["refills"]) == (2, 2)
+
+
+def test_the_async_api_answers_a_miss_from_disk_and_refills(
+    cache: FastCache, memcached: MemcachedServer, raw: Raw
+) -> None:
+    cache.set("k", "v")
+    memcached.flush()
+
+    async def work() -> Any:
+        try:
+            return await cache.aget("k"), await cache.ahas_key("k")
+        finally:
+            await cache.client.aclose()
+
+    assert asyncio.run(work()) == ("v", True)
+    assert raw.get(cache.wire_key("k")) == encoded(cache, "v")
+
+
+def test_a_refill_never_overwrites_a_value_written_meanwhile(
+    cache: FastCache, memcached: MemcachedServer, raw: Raw, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache.set("k", "old")
+    key = cache.wire_key("k")
+    memcached.flush()
+    store = tiered(cache)
+    original_add = store.blocking.add
+    newer = encoded(cache, "newer")
+
+    async def add_after_a_concurrent_write(*args: Any, **kwargs: Any) -> bool:
+        # Another client writes the key between the disk read and the refill.
+        raw.set(key, *newer)
+        return await original_add(*args, **kwargs)
+
+    monkeypatch.setattr(store.blocking, "add", add_after_a_concurrent_write)
+    assert cache.get("k") == "old"  # the disk's answer to the miss
+    monkeypatch.undo()
+    assert raw.get(key) == newer  # the refill was an add: it did not clobber
+    assert cache.get("k") == "newer"
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert stats["refills"] == 0
+
+
+def test_an_entry_older_than_disk_max_staleness_is_not_served(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    staleness = 0.2
+    cache = make_cache(server.location, disk_directory, disk_max_staleness=staleness)
+    cache.set("k", "v")
+    cache.set("other", "x")
+    entry = on_disk(cache, "k")
+    assert entry is not None
+    wait_until(lambda: time.time() - entry.written_at > staleness, "the entry is stale")
+    # On a memcached miss.
+    server.flush()
+    assert cache.get("k") is None
+    assert Raw(server).get(cache.wire_key("k")) is None  # not put back either
+    # With the node out.
+    server.kill()
+    assert cache.get("k") is None
+    assert node_state(cache, server.location)["state"] == "out"
+    assert cache.get_many(["k", "other"]) == {}
+    # The entry is still there: only too old to answer.
+    assert on_disk(cache, "k") is not None
+
+
+def test_a_node_that_is_out_is_not_connected_to(disk_directory: str) -> None:
+    location = f"127.0.0.1:{free_port()}"  # nothing listens here
+    cache = make_cache(location, disk_directory)
+    cache.set("k", "v")  # fails to connect, marks the node out, goes to disk
+    assert node_state(cache, location)["state"] == "out"
+    with connects_from_this_thread() as attempts:
+        assert cache.get("k") == "v"
+        assert cache.get_many(["k", "absent"]) == {"k": "v"}
+        assert cache.has_key("k")
+        cache.set("n", 1)
+        assert cache.incr("n", 4) == 5
+        assert cache.add("a", 1) is True
+        assert cache.touch("a", 100) is True
+        assert cache.delete("a") is True
+        cache.set_many({"m": 1})
+        cache.delete_many(["m"])
+
+        async def work() -> Any:
+            return await cache.aget("k"), await cache.aincr("n")
+
+        assert asyncio.run(work()) == ("v", 6)
+    # Not one connect from the caller's thread: probing is the maintenance thread's.
+    assert attempts == []
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert stats["fallbacks"] >= 4
+    assert stats["nodes_marked_out"] == 1
+
+
+def test_get_many_answers_every_key_when_the_node_comes_back_during_the_call(
+    disk_directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    location = f"127.0.0.1:{free_port()}"  # nothing listens: the node stays out
+    cache = make_cache(location, disk_directory)
+    keys = ["a", "b", "c"]
+    cache.set_many(dict.fromkeys(keys, "v"))
+    states = tiered(cache).states
+    real_is_out = states.is_out
+    caller = threading.get_ident()
+    answered: list[bool] = []
+
+    def is_out(node: int) -> bool:
+        if threading.get_ident() != caller:
+            return real_is_out(node)  # the maintenance thread sees the real state
+        # The node is out when get_many looks at each key, and is marked up right after.
+        answered.append(len(answered) < len(keys))
+        return answered[-1]
+
+    monkeypatch.setattr(states, "is_out", is_out)
+    assert cache.get_many(keys) == dict.fromkeys(keys, "v")
+    assert answered[: len(keys)] == [True] * len(keys)
+
+
+# -- writes: both tiers hold the same -----------------------------------------------------------
+
+
+def both_tiers(cache: FastCache, raw: Raw, key: str) -> tuple[Any, Any]:
+    """(what memcached holds, what the disk holds) for ``key``, as (data, flags) or None."""
+    entry = on_disk(cache, key)
+    return raw.get(cache.wire_key(key)), None if entry is None else (entry.data, entry.flags)
+
+
+def test_set_writes_both_tiers(cache: FastCache, raw: Raw) -> None:
+    cache.set("k", {"a": [1, 2]}, timeout=1000)
+    assert both_tiers(cache, raw, "k") == (encoded(cache, {"a": [1, 2]}),) * 2
+    entry = on_disk(cache, "k")
+    assert entry is not None
+    remaining = entry.remaining_seconds(time.time())
+    assert remaining is not None
+    assert 1000 - TTL_SLACK <= remaining <= 1000
+    cache.set("k", "replaced", timeout=None)
+    assert both_tiers(cache, raw, "k") == (encoded(cache, "replaced"),) * 2
+    entry = on_disk(cache, "k")
+    assert entry is not None
+    assert entry.expire_at is None
+    cache.set("k", "gone", timeout=0)
+    assert both_tiers(cache, raw, "k") == (None, None)
+
+
+def test_add_writes_both_tiers_only_when_it_adds(cache: FastCache, raw: Raw) -> None:
+    assert cache.add("k", "first") is True
+    assert both_tiers(cache, raw, "k") == (encoded(cache, "first"),) * 2
+    assert cache.add("k", "second") is False
+    assert both_tiers(cache, raw, "k") == (encoded(cache, "first"),) * 2
+
+
+def test_touch_changes_the_expiry_in_both_tiers(cache: FastCache, raw: Raw) -> None:
+    cache.set("k", "v", timeout=10)
+    assert cache.touch("k", 2000) is True
+    ttl = raw.ttl(cache.wire_key("k"))
+    assert ttl is not None
+    assert 2000 - TTL_SLACK <= ttl <= 2000
+    entry = on_disk(cache, "k")
+    assert entry is not None
+    remaining = entry.remaining_seconds(time.time())
+    assert remaining is not None
+    assert 2000 - TTL_SLACK <= remaining <= 2000
+    assert cache.touch("k", None) is True
+    entry = on_disk(cache, "k")
+    assert entry is not None
+    assert entry.expire_at is None
+    assert raw.ttl(cache.wire_key("k")) == -1
+    assert cache.touch("k", 0) is True  # expired at once, in both
+    assert both_tiers(cache, raw, "k") == (None, None)
+    assert cache.touch("k", 100) is False
+
+
+def test_delete_and_delete_many_remove_from_both_tiers(cache: FastCache, raw: Raw) -> None:
+    cache.set_many({"a": 1, "b": 2, "c": 3, "d": 4})
+    assert cache.delete("a") is True
+    assert both_tiers(cache, raw, "a") == (None, None)
+    assert cache.delete("a") is False
+    cache.delete_many(["b", "c", "absent"])
+    for key in ("b", "c"):
+        assert both_tiers(cache, raw, key) == (None, None)
+    assert both_tiers(cache, raw, "d") == (encoded(cache, 4),) * 2
+
+
+def test_set_many_writes_both_tiers(cache: FastCache, raw: Raw) -> None:
+    data = {f"k{n}": f"value {n}" for n in range(20)}
+    assert cache.set_many(data, timeout=500) == []
+    for key, value in data.items():
+        assert both_tiers(cache, raw, key) == (encoded(cache, value),) * 2
+
+
+def test_incr_and_decr_keep_both_tiers_equal_and_the_ttl(cache: FastCache, raw: Raw) -> None:
+    cache.set("n", 10, timeout=1000)
+    before = on_disk(cache, "n")
+    assert before is not None
+    assert cache.incr("n", 5) == 15
+    assert cache.decr("n", 20) == 0  # memcached stops at zero; so does the disk tier
+    assert cache.incr("n", 7) == 7
+    # memcached counts in place and pads a number that got shorter with spaces ("7 ").
+    in_memcached, on_the_disk = both_tiers(cache, raw, "n")
+    assert in_memcached[0].rstrip(b" ") == b"7"
+    assert in_memcached[1] == FLAG_INTEGER
+    assert on_the_disk == (b"7", FLAG_INTEGER)
+    assert cache.get("n") == 7
+    after = on_disk(cache, "n")
+    assert after is not None
+    # The TTL is kept on disk, as memcached keeps it.
+    assert after.expire_at == pytest.approx(before.expire_at, abs=1)
+    ttl = raw.ttl(cache.wire_key("n"))
+    assert ttl is not None
+    assert 1000 - TTL_SLACK <= ttl <= 1000
+    cache.set("forever", 1, timeout=None)
+    assert cache.incr("forever") == 2
+    forever = on_disk(cache, "forever")
+    assert forever is not None
+    assert forever.expire_at is None
+
+
+def test_incr_of_a_key_memcached_lost_counts_on_the_disk_value(
+    cache: FastCache, memcached: MemcachedServer, raw: Raw
+) -> None:
+    cache.set("n", 41, timeout=1000)
+    memcached.flush()
+    assert cache.incr("n") == 42
+    assert both_tiers(cache, raw, "n") == ((b"42", FLAG_INTEGER),) * 2
+
+
+def test_clear_empties_both_tiers(cache: FastCache, raw: Raw) -> None:
+    cache.set_many({"a": 1, "b": 2})
+    cache.clear()
+    assert both_tiers(cache, raw, "a") == (None, None)
+    assert both_tiers(cache, raw, "b") == (None, None)
+    assert cache.get_many(["a", "b"]) == {}
+
+
+@pytest.mark.parametrize(
+    "too_large",
+    [
+        pytest.param(b"x" * (MIB + 1), id="over-max_value_size"),
+        pytest.param(b"y" * (MIB - 16), id="refused-by-memcached"),
+    ],
+)
+def test_a_failed_set_leaves_the_old_value_in_neither_tier(
+    cache: FastCache, raw: Raw, too_large: bytes
+) -> None:
+    cache.set("k", "old")
+    with pytest.raises(ValueTooLargeError):
+        cache.set("k", too_large)
+    assert both_tiers(cache, raw, "k") == (None, None)
+    assert cache.get("k") is None
+    cache.set("m", "old")
+    assert cache.set_many({"m": too_large, "fine": 1}) == ["m"]
+    assert both_tiers(cache, raw, "m") == (None, None)
+    assert both_tiers(cache, raw, "fine") == (encoded(cache, 1),) * 2
+
+
+def test_a_failed_async_set_leaves_the_old_value_in_neither_tier(
+    cache: FastCache, raw: Raw
+) -> None:
+    async def work() -> None:
+        try:
+            await cache.aset("k", "old")
+            with pytest.raises(ValueTooLargeError):
+                await cache.aset("k", b"z" * (MIB - 16))
+        finally:
+            await cache.client.aclose()
+
+    asyncio.run(work())
+    assert both_tiers(cache, raw, "k") == (None, None)
+
+
+# -- outages: the journal ---------------------------------------------------------------------
+
+
+def test_writes_and_deletes_while_a_node_is_out_are_journaled(
+    server: MemcachedServer, disk_directory: str, signals_sent: list[Any]
+) -> None:
+    cache = make_cache(server.location, disk_directory)
+    cache.set_many({"a": 1, "b": 2, "c": 3})
+    server.kill()
+    cache.set("a", 10)  # fails, marks the node out, is journaled
+    assert node_state(cache, server.location) == {"state": "out", "journal_length": 1}
+    assert [(name, kwargs["node"]) for name, kwargs in signals_sent] == [
+        ("node_out", server.location)
+    ]
+    assert signals_sent[0][1]["directory"] == disk_directory
+    cache.delete("b")
+    cache.set("new", "n")
+    cache.incr("c")
+    cache.add("added", 1)
+    cache.touch("a", 100)
+    cache.set_many({"m1": 1, "m2": 2})
+    cache.delete_many(["m1"])
+    journaled = {"a", "b", "new", "c", "added", "m1", "m2"}
+    assert node_state(cache, server.location)["journal_length"] == len(journaled)
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert stats["nodes_marked_out"] == 1
+    assert stats["directory"] == disk_directory
+    # Meanwhile the disk tier answers with the latest writes.
+    assert cache.get_many(["a", "b", "c", "new", "added", "m1", "m2"]) == {
+        "a": 10,
+        "c": 4,
+        "new": "n",
+        "added": 1,
+        "m2": 2,
+    }
+
+
+def test_the_journal_survives_a_process_restart(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make_cache(server.location, disk_directory)
+    cache.set("a", 1)
+    server.kill()
+    cache.set("a", 2)
+    cache.delete("b")
+    cache.set("c", 3)
+    assert node_state(cache, server.location)["journal_length"] == 3
+    # Another process on the same directory (a restarted worker) sees the node out, the
+    # journal waiting, and the values written during the outage.
+    program = textwrap.dedent(
+        """
+        import json, sys
+        import django
+        from django.conf import settings
+        settings.configure()
+        django.setup()
+        from django_fastcache.backends import FastCache
+        cache = FastCache(sys.argv[1], {"OPTIONS": {"disk_directory": sys.argv[2]}})
+        stats = cache.tier_stats()
+        print(json.dumps({"node": stats["nodes"][sys.argv[1]], "a": cache.get("a")}))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program, server.location, disk_directory],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen == {"node": {"state": "out", "journal_length": 3}, "a": 2}
+    # And a fresh store in this process, on the same directory, reads the same journal.
+    tiered(cache).close()
+    assert node_state(cache, server.location)["journal_length"] == 3
+
+
+def journal_and_outage(
+    server: MemcachedServer, cache: FastCache, raw: Raw
+) -> tuple[dict[bytes, Any], list[bytes]]:
+    """Write a, b, d (and e, f) through the cache; pause the node; during the outage write
+    a, delete b, write c. Returns memcached's items before the outage and the keys
+    journaled."""
+    cache.set_many({"a": "before", "b": "before", "d": "untouched", "e": 1, "f": 2})
+    before = {
+        cache.wire_key(key): raw.get(cache.wire_key(key)) for key in ("a", "b", "d", "e", "f")
+    }
+    server.pause()
+    cache.set("a", "during")  # times out, marks the node out, journaled
+    cache.delete("b")
+    cache.set("c", "during")
+    return before, [cache.wire_key(key) for key in ("a", "b", "c")]
+
+
+def test_the_replay_deletes_exactly_the_journaled_keys_before_the_node_is_marked_up(
+    server: MemcachedServer,
+    disk_directory: str,
+    signals_sent: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    raw = Raw(server)
+    cache = make_cache(server.location, disk_directory, operation_timeout=0.5)
+    before, journaled = journal_and_outage(server, cache, raw)
+    assert node_state(cache, server.location) == {"state": "out", "journal_length": 3}
+    store = tiered(cache)
+    # What memcached holds at the moment the node is marked up (the probe's thread).
+    at_mark_up: list[dict[bytes, Any]] = []
+    original_mark_up = store.states.mark_up
+
+    def mark_up(node: int) -> None:
+        at_mark_up.append({key: raw.get(key) for key in [*before, cache.wire_key("c")]})
+        original_mark_up(node)
+
+    monkeypatch.setattr(store.states, "mark_up", mark_up)
+    # Which keys the replay deletes (a replay that fails part-way is tried again whole).
+    replayed: list[list[bytes]] = []
+    original_delete_many = store.blocking.delete_many
+
+    async def delete_many(keys: Any) -> Any:
+        replayed.append(list(keys))
+        return await original_delete_many(keys)
+
+    monkeypatch.setattr(store.blocking, "delete_many", delete_many)
+    server.resume()
+    wait_for_state(cache, server.location, "up")
+    # Exactly the journaled keys were deleted...
+    assert replayed
+    assert all(sorted(keys) == sorted(journaled) for keys in replayed)
+    # ...and before the node was marked up. The set that timed out when the node went out
+    # may still have been executed by memcached after it resumed (its bytes were in the
+    # socket buffer): "a" may hold the value written during the outage; never the old one.
+    assert len(at_mark_up) == 1
+    held = at_mark_up[0]
+    assert held.pop(cache.wire_key("a")) in (None, encoded(cache, "during"))
+    assert held == {
+        cache.wire_key("b"): None,
+        cache.wire_key("c"): None,
+        cache.wire_key("d"): before[cache.wire_key("d")],
+        cache.wire_key("e"): before[cache.wire_key("e")],
+        cache.wire_key("f"): before[cache.wire_key("f")],
+    }
+    assert node_state(cache, server.location) == {"state": "up", "journal_length": 0}
+    backs = [kwargs for name, kwargs in signals_sent if name == "node_back"]
+    assert backs == [
+        {"signal": node_back, "node": server.location, "directory": disk_directory,
+         "replayed_keys": 3}
+    ]  # fmt: skip
+    assert [name for name, _kwargs in signals_sent] == ["node_out", "node_back"]
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert (stats["replays"], stats["replayed_keys"]) == (1, 3)
+    # The latest values, memcached refilled from disk where the replay emptied it.
+    assert cache.get_many(["a", "b", "c", "d"]) == {"a": "during", "c": "during", "d": "untouched"}
+    assert raw.get(cache.wire_key("a")) == encoded(cache, "during")
+
+
+def test_a_partitioned_node_never_shows_a_value_from_before_the_outage(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    raw = Raw(server)
+    cache = make_cache(server.location, disk_directory, operation_timeout=0.5)
+    journal_and_outage(server, cache, raw)
+    expected = {"a": "during", "c": "during", "d": "untouched", "e": 1, "f": 2}
+    keys = ["a", "b", "c", "d", "e", "f"]
+    # Read throughout: during the outage, across the probe bringing the node back, after.
+    seen: list[dict[str, Any]] = [cache.get_many(keys)]
+    server.resume()  # the process kept its data: a and b still hold "before" there
+    deadline = time.monotonic() + PROBE_DEADLINE
+    while node_state(cache, server.location)["state"] == "out":
+        assert time.monotonic() < deadline, "the node did not come back"
+        seen.append(cache.get_many(keys))
+        seen.append({key: value for key in keys if (value := cache.get(key)) is not None})
+    for _ in range(20):
+        seen.append(cache.get_many(keys))
+        seen.append({key: value for key in keys if (value := cache.get(key)) is not None})
+    assert all(answer == expected for answer in seen), [a for a in seen if a != expected][:3]
+    assert len(seen) > 40
+    # memcached itself no longer holds the pre-outage values.
+    assert raw.get(cache.wire_key("b")) is None
+    assert raw.get(cache.wire_key("a")) == encoded(cache, "during")
+
+
+def test_a_restarted_node_comes_back_after_its_replay(
+    server: MemcachedServer, disk_directory: str, signals_sent: list[Any]
+) -> None:
+    raw = Raw(server)
+    cache = make_cache(server.location, disk_directory)
+    cache.set_many({"a": 1, "b": 2})
+    server.kill()
+    cache.set("a", 10)
+    cache.delete("b")
+    assert node_state(cache, server.location) == {"state": "out", "journal_length": 2}
+    server.restart()  # same port, empty
+    wait_for_state(cache, server.location, "up")
+    assert node_state(cache, server.location)["journal_length"] == 0
+    assert [(name, kwargs["node"]) for name, kwargs in signals_sent] == [
+        ("node_out", server.location),
+        ("node_back", server.location),
+    ]
+    assert cache.get_many(["a", "b"]) == {"a": 10}
+    assert raw.get(cache.wire_key("a")) == encoded(cache, 10)  # refilled from disk
+    cache.set("b", 3)  # and writes go to memcached again
+    assert raw.get(cache.wire_key("b")) == encoded(cache, 3)
+
+
+def test_a_clear_while_a_node_is_out_flushes_it_before_it_is_back(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    raw = Raw(server)
+    cache = make_cache(server.location, disk_directory, operation_timeout=0.5)
+    cache.set_many({"a": 1, "b": 2})
+    server.pause()
+    cache.clear()  # memcached cannot be flushed now: the flush is journaled
+    assert node_state(cache, server.location) == {"state": "out", "journal_length": 1}
+    assert cache.get_many(["a", "b"]) == {}
+    server.resume()
+    wait_for_state(cache, server.location, "up")
+    # The node kept its data through the pause; the replay flushed it.
+    assert raw.get(cache.wire_key("a")) is None
+    assert raw.get(cache.wire_key("b")) is None
+    assert cache.get_many(["a", "b"]) == {}
+
+
+def test_incr_while_a_node_is_out_keeps_the_ttl_on_disk(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make_cache(server.location, disk_directory)
+    cache.set("n", 1, timeout=1000)
+    before = on_disk(cache, "n")
+    assert before is not None
+    server.kill()
+    assert cache.incr("n", 9) == 10
+    assert cache.decr("n", 3) == 7
+    after = on_disk(cache, "n")
+    assert after is not None
+    assert after.data == b"7"
+    assert after.expire_at == pytest.approx(before.expire_at, abs=1)
+    assert node_state(cache, server.location)["journal_length"] == 1
+    with pytest.raises(ValueError, match="not found"):
+        cache.incr("absent")
+
+
+# -- the probe keeps going whatever happens -----------------------------------------------------
+
+
+def test_a_replay_that_fails_leaves_the_node_out_and_its_journal_intact(
+    server: MemcachedServer, disk_directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = make_cache(server.location, disk_directory)
+    cache.set("a", 1)
+    store = tiered(cache)
+    node = store.cluster.node_ids.index(server.location)
+    maintenance_probe = store.bring_back
+    # Keep the maintenance thread away: this test calls bring_back itself.
+    monkeypatch.setattr(store, "bring_back", lambda node: None)
+    server.kill()
+    cache.set("a", 2)
+    server.restart()
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise ServerError("out of memory storing object")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store.blocking, "delete_many", refused)
+        assert maintenance_probe(node) is None
+    assert node_state(cache, server.location) == {"state": "out", "journal_length": 1}
+    assert maintenance_probe(node) == 1
+    assert node_state(cache, server.location) == {"state": "up", "journal_length": 0}
+
+
+def test_the_probe_goes_on_after_an_unexpected_error(
+    server: MemcachedServer, disk_directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = make_cache(server.location, disk_directory)
+    cache.set("a", 1)
+    store = tiered(cache)
+    original = store.bring_back
+    calls: list[int] = []
+
+    def flaky(node: int) -> int | None:
+        calls.append(node)
+        if len(calls) == 1:
+            raise ProtocolError("a reply that does not parse")
+        if len(calls) == 2:
+            raise RuntimeError("a bug")
+        return original(node)
+
+    monkeypatch.setattr(store, "bring_back", flaky)
+    server.kill()
+    cache.set("a", 2)
+    server.restart()
+    wait_for_state(cache, server.location, "up")
+    assert len(calls) >= 3
