@@ -259,19 +259,11 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 try:
-                    stored = await client.set(
-                        key, data, flags=flags, exptime=memcached_exptime(ttl, time.time())
-                    )
+                    return self._set_both(node, key, data, flags, ttl)
+                except _WentOut:
+                    pass
                 except NetworkError:
                     self.node_failed(node)
-                else:
-                    # memcached first, the disk once memcached has answered (a refused set
-                    # is then removed from both by the caller). Writing the disk while the
-                    # set is still in flight lets a delete run between the two (disk entry
-                    # deleted, then memcached set), leaving a value in memcached that the
-                    # disk does not hold: an increment of it is then lost in an outage.
-                    self._write_disk(key, data, flags, ttl)
-                    return stored
             try:
                 done, _ = self._journaled(node, [key], lambda: self.disk.set(key, data, flags, ttl))
             except DiskError:
@@ -279,6 +271,33 @@ class TieredStore:
             if done:
                 return True
         return False
+
+    def _set_both(self, node: int, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
+        """memcached and the disk under the key's shard lock, the disk write overlapping
+        memcached's round trip.
+
+        The lock keeps a delete, incr or refill from running between the two writes (which
+        could leave memcached holding a value the disk tier does not, lost in the next
+        outage). If memcached fails or refuses, the disk write is rolled back with the lock.
+        """
+        exptime = memcached_exptime(ttl, time.time())
+        try:
+            with self.disk.locked(key):
+                if self.states.is_out(node):
+                    raise _WentOut  # while this waited for the lock: journal it
+                return run_blocking(
+                    self.blocking.set(
+                        key,
+                        data,
+                        flags=flags,
+                        exptime=exptime,
+                        meanwhile=lambda: self._write_disk(key, data, flags, ttl),
+                    )
+                )
+        except DiskError:
+            # No lock, or no commit: the disk entry must not answer; memcached still gets it.
+            self._disk_failed(key)
+            return run_blocking(self.blocking.set(key, data, flags=flags, exptime=exptime))
 
     def _write_disk(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> None:
         try:
@@ -293,15 +312,11 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 try:
-                    added = await client.add(
-                        key, data, flags=flags, exptime=memcached_exptime(ttl, time.time())
-                    )
+                    return self._add_both(node, key, data, flags, ttl)
+                except _WentOut:
+                    pass
                 except NetworkError:
                     self.node_failed(node)
-                else:
-                    if added:
-                        self._write_disk(key, data, flags, ttl)
-                    return added
             try:
                 done, added_on_disk = self._journaled(
                     node, [key], lambda: self.disk.add(key, data, flags, ttl)
@@ -312,6 +327,21 @@ class TieredStore:
                 return bool(added_on_disk)
         return False
 
+    def _add_both(self, node: int, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
+        """``add`` on memcached and, when it stored, the disk, under the key's shard lock."""
+        exptime = memcached_exptime(ttl, time.time())
+        try:
+            with self.disk.locked(key):
+                if self.states.is_out(node):
+                    raise _WentOut
+                added = run_blocking(self.blocking.add(key, data, flags=flags, exptime=exptime))
+                if added:
+                    self._write_disk(key, data, flags, ttl)
+                return added
+        except DiskError:
+            self._disk_failed(key)
+            return run_blocking(self.blocking.add(key, data, flags=flags, exptime=exptime))
+
     async def set_many(
         self,
         client: CommandSet,
@@ -319,13 +349,12 @@ class TieredStore:
         ttl: float | None,
     ) -> list[bytes]:
         up = [t for t in triples if not self.states.is_out(self.cluster.node_index(t[0]))]
-        failed: set[bytes] = set()
+        failed: frozenset[bytes] = frozenset()
         if up:
-            exptime = memcached_exptime(ttl, time.time())
-            failed = set(await client.set_many(up, exptime=exptime))
-            for key, data, flags in up:
-                if key not in failed:
-                    self._write_disk(key, data, flags, ttl)
+            try:
+                failed = self._set_many_both(up, ttl)
+            except (_WentOut, DiskError):
+                failed = frozenset(key for key, _data, _flags in up)  # settled one by one below
         refused: list[bytes] = []
         for key, data, flags in triples:
             # Refused, or its node is (or just went) out: settle it on its own.
@@ -341,6 +370,26 @@ class TieredStore:
             if not stored:
                 refused.append(key)
         return refused
+
+    def _set_many_both(
+        self, triples: list[tuple[bytes, bytes, int]], ttl: float | None
+    ) -> frozenset[bytes]:
+        """Pipelined sets under the lock of every shard involved (taken in shard order, so
+        that two writers never wait on each other), then the disk writes."""
+        by_shard: dict[int, bytes] = {}
+        for key, _data, _flags in triples:
+            by_shard.setdefault(self.disk.shard_of(key), key)
+        with contextlib.ExitStack() as locks:
+            for shard in sorted(by_shard):
+                locks.enter_context(self.disk.locked(by_shard[shard]))
+            if any(self.states.is_out(self.cluster.node_index(k)) for k, _d, _f in triples):
+                raise _WentOut
+            exptime = memcached_exptime(ttl, time.time())
+            failed = frozenset(run_blocking(self.blocking.set_many(triples, exptime=exptime)))
+            for key, data, flags in triples:
+                if key not in failed:
+                    self._write_disk(key, data, flags, ttl)
+        return failed
 
     async def touch(self, client: CommandSet, key: bytes, ttl: float | None) -> bool:
         node = self.cluster.node_index(key)

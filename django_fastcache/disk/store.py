@@ -113,12 +113,20 @@ class DiskStore:
         return fanout
 
     def _shard(self, key: bytes) -> diskcache.Cache:
+        return self._shards_now()[self.shard_of(key)]
+
+    def _shards_now(self) -> tuple[diskcache.Cache, ...]:
         shards = self._shards
         if not shards or self._pid != _current_pid:
             self._cache()
             shards = self._shards
-        # FanoutCache's own placement, so that its whole-cache operations stay valid.
-        return shards[self._hash(key) % len(shards)]
+        return shards
+
+    def shard_of(self, key: bytes) -> int:
+        """The shard holding ``key`` (FanoutCache's own placement, so that its whole-cache
+        operations stay valid)."""
+        shards = self._shards_now()  # first: it also sets up the hash function
+        return int(self._hash(key)) % len(shards)
 
     @contextlib.contextmanager
     def _failures(self, what: str) -> Iterator[None]:

@@ -22,7 +22,7 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.client import Client
-from django_fastcache.client.blocking import BlockingClient
+from django_fastcache.client.blocking import BlockingClient, BlockingConnection
 from django_fastcache.client.connection import Connection
 from django_fastcache.protocol import ReplyKind
 from django_fastcache.testing.servers import MemcachedServer
@@ -545,19 +545,29 @@ def test_aset_many_and_adelete_many_make_one_round_trip_per_node(
 def test_tiered_aset_many_is_one_round_trip_per_node_and_adelete_many_clears_both_tiers(
     tiered_cluster_cache: FastCache,
     memcached_cluster: MemcachedCluster,
-    pipelines: Counter[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cache = tiered_cluster_cache
     data = {f"item-{n}": n for n in range(200)}
     nodes = len(memcached_cluster.servers)
     disk = cache._shared().tiered
     assert disk is not None
+    # With the disk tier, writes run on the blocking client under the disk shard locks:
+    # count the writes each node's blocking connection makes.
+    sends: Counter[str] = Counter()
+    original_send = BlockingConnection.send
+
+    def send(self: BlockingConnection, data: bytes) -> None:
+        sends[str(self.address)] += 1
+        original_send(self, data)
+
+    monkeypatch.setattr(BlockingConnection, "send", send)
 
     async def store() -> list[Any]:
         return await cache.aset_many(data)
 
     assert arun(cache, store) == []
-    assert sorted(pipelines.values()) == [1] * nodes
+    assert sorted(sends.values()) == [1] * nodes
     assert all(disk.disk.get(cache.wire_key(key)) is not None for key in data)
     arun(cache, lambda: cache.adelete_many(data))
     assert all(disk.disk.get(cache.wire_key(key)) is None for key in data)

@@ -173,6 +173,9 @@ def test_close_keeps_the_async_pool(cache: FastCache, probe: Probe) -> None:
 
     async def work() -> None:
         await cache.aset("k", "v")
+        # A read opens the async pool in both modes (with the disk tier, writes go through
+        # the blocking client under the key's disk lock).
+        assert await cache.aget("k") == "v"
         before = cache.client.pool_metrics()[node]
         accepted = probe.stats()["total_connections"]
         await cache.aclose()
