@@ -1,8 +1,9 @@
 """Turning cache values into (bytes, flags) and back.
 
 Flags follow the convention pymemcache and pylibmc share for the common types, so values
-stay readable by those clients: 0 raw bytes, 1 pickle, 2 integer, 8 zlib-compressed
-(combined with the others), 16 UTF-8 text; 32 is our JSON. Non-negative integers are
+stay readable by those clients, and theirs by us: 0 raw bytes, 1 pickle, 2 integer (4, which
+pylibmc writes for ints, is read as one too), 8 zlib-compressed (combined with the others),
+16 UTF-8 text; 32 is our JSON. Non-negative integers are
 stored as decimal digits so that memcached's ``incr``/``decr`` work on them.
 """
 
@@ -16,6 +17,8 @@ from typing import Any, Protocol
 FLAG_BYTES = 0
 FLAG_PICKLE = 1
 FLAG_INTEGER = 2
+#: pylibmc stores Python ints with this flag (pymemcache's "long"): read as an integer.
+FLAG_LONG = 4
 FLAG_ZLIB = 8
 FLAG_TEXT = 16
 FLAG_JSON = 32
@@ -58,7 +61,7 @@ class _BaseSerializer:
         if flags & FLAG_ZLIB:
             data = zlib.decompress(data)
             flags &= ~FLAG_ZLIB
-        if flags == FLAG_INTEGER:
+        if flags in (FLAG_INTEGER, FLAG_LONG):
             return int(data)
         if flags == FLAG_TEXT:
             return data.decode()

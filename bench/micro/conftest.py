@@ -21,7 +21,15 @@ from django.conf import settings
 from django_fastcache.bench.runner import build_cache
 from django_fastcache.testing.servers import MemcachedServer, RedisServer
 
-BACKENDS = ("locmem", "pylibmc", "pymemcache", "redis", "diskcache", "fastcache")
+BACKENDS = (
+    "locmem",
+    "pylibmc",
+    "pymemcache",
+    "redis",
+    "diskcache",
+    "fastcache",
+    "fastcache-tiered",
+)
 LIBRARIES = {"pylibmc": "pylibmc", "pymemcache": "pymemcache", "redis": "django_redis"}
 
 if not settings.configured:
@@ -89,10 +97,17 @@ def _config(name: str, servers: Servers, directory: Path) -> dict[str, Any]:
             "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
             "LOCATION": memcached.pylibmc_location,
         }
-    if name == "fastcache":
+    if name == "fastcache":  # memcached alone, as cachebench's fastcache row
         return {
             "BACKEND": "django_fastcache.backends.FastCache",
             "LOCATION": memcached.location,
+            "OPTIONS": {"disk_tier": False},
+        }
+    if name == "fastcache-tiered":  # the default: with the disk tier, in a fresh directory
+        return {
+            "BACKEND": "django_fastcache.backends.FastCache",
+            "LOCATION": memcached.location,
+            "OPTIONS": {"disk_directory": str(directory.parent / "fastcache-disk")},
         }
     raise ValueError(name)
 

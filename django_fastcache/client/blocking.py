@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -38,10 +39,18 @@ from .commands import CommandSet, Meanwhile, Replies, Requests
 _RECV_SIZE = 256 * 1024
 
 
+def _set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
+    # A struct timeval: two native longs on Linux (and the same 16 bytes on macOS).
+    whole = int(seconds)
+    timeval = struct.pack("@ll", whole, max(1, int((seconds - whole) * 1_000_000)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
 class BlockingConnection:
     """One blocking socket to one node, with its own reply parser."""
 
-    __slots__ = ("_fd", "_parser", "_poll", "_sock", "address", "timeout")
+    __slots__ = ("_fd", "_kernel_timeout", "_parser", "_poll", "_sock", "address", "timeout")
 
     def __init__(self, address: Address, timeout: float, connect_timeout: float,
                  max_value_size: int) -> None:  # fmt: skip
@@ -67,8 +76,13 @@ class BlockingConnection:
             ) from None
         except OSError as exc:
             raise ConnectFailedError(f"cannot connect to {address}: {exc}") from exc
-        sock.settimeout(timeout)  # also makes the descriptor non-blocking
+        # A blocking socket whose timeouts the kernel enforces (SO_RCVTIMEO/SO_SNDTIMEO):
+        # one recv() or send() system call each, where Python's own socket timeouts add a
+        # poll() before every call.
+        sock.settimeout(None)
         self._sock = sock
+        self._kernel_timeout = timeout
+        _set_kernel_timeouts(sock, timeout)
         self._fd = sock.fileno()
         self._parser = ReplyParser(max_value_size=max_value_size)
         self._poll = select.poll()
@@ -86,19 +100,9 @@ class BlockingConnection:
         return self._parser.unread > 0 or bool(self._poll.poll(0))
 
     def send(self, data: bytes) -> None:
-        # A socket with a timeout polls before every send; a request almost always fits
-        # the socket buffer, so try one plain write on the non-blocking descriptor first.
         try:
-            written = os.write(self._fd, data)
-        except BlockingIOError:
-            written = 0
-        except OSError as exc:
-            raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
-        if written == len(data):
-            return
-        try:
-            self._sock.sendall(memoryview(data)[written:])
-        except TimeoutError:
+            self._sock.sendall(data)
+        except (BlockingIOError, TimeoutError):  # SO_SNDTIMEO ran out
             raise OperationTimeoutError(f"sending to {self.address} timed out") from None
         except OSError as exc:
             raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
@@ -110,37 +114,21 @@ class BlockingConnection:
         ``time.monotonic()`` value) when one is given, e.g. shared by several nodes' reads.
         """
         parser = self._parser
+        recv = self._sock.recv
         replies: list[Any] = []
-        waited = False
+        first_read = deadline == 0.0
         for kind in kinds:
             reply = parser.next_reply(kind)
-            if reply is None and not waited:
-                # The reply is often there already: read without the poll a timeout implies.
-                try:
-                    chunk = os.read(self._fd, _RECV_SIZE)
-                except BlockingIOError:
-                    pass
-                except OSError as exc:
-                    raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
-                else:
-                    if not chunk:
-                        raise ConnectionLostError(f"{self.address} closed the connection")
-                    parser.feed(chunk)
-                    reply = parser.next_reply(kind)
             while reply is None:
-                waited = True
-                if deadline == 0.0:
+                if first_read:
+                    # The common case, one read: the kernel timeout is the call's timeout.
+                    first_read = False
                     deadline = time.monotonic() + self.timeout
                 else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise OperationTimeoutError(
-                            f"no reply from {self.address} within {self.timeout}s"
-                        )
-                    self._sock.settimeout(remaining)
+                    self._shorten_timeout(deadline)
                 try:
-                    chunk = self._sock.recv(_RECV_SIZE)
-                except TimeoutError:
+                    chunk = recv(_RECV_SIZE)
+                except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO ran out
                     raise OperationTimeoutError(
                         f"no reply from {self.address} within {self.timeout}s"
                     ) from None
@@ -151,9 +139,19 @@ class BlockingConnection:
                 parser.feed(chunk)
                 reply = parser.next_reply(kind)
             replies.append(reply)
-        if waited:
-            self._sock.settimeout(self.timeout)
+        if self._kernel_timeout != self.timeout:
+            self._kernel_timeout = self.timeout
+            _set_kernel_timeouts(self._sock, self.timeout)
         return replies
+
+    def _shorten_timeout(self, deadline: float) -> None:
+        """Make the next read wait no longer than what is left until ``deadline``."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise OperationTimeoutError(f"no reply from {self.address} within {self.timeout}s")
+        if remaining < self._kernel_timeout:
+            self._kernel_timeout = remaining
+            _set_kernel_timeouts(self._sock, remaining)
 
     def close(self) -> None:
         self._sock.close()

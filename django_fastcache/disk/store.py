@@ -104,6 +104,8 @@ class DiskStore:
         if fanout is None or self._pid != os.getpid():
             # First use, or a forked child: SQLite connections must not cross a fork.
             try:
+                # Only this user may write here: the values are unpickled when read.
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
                 fanout = diskcache.FanoutCache(self.directory, **self._options)
             except Exception as exc:
                 raise DiskError(f"cannot open the disk tier at {self.directory}: {exc}") from exc

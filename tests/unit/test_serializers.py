@@ -210,7 +210,7 @@ def test_json_refuses_pickled_values(flags: int) -> None:
 
 
 @pytest.mark.parametrize("cls", BOTH)
-@pytest.mark.parametrize("flags", [3, 4, 17, 64, 1 << 20])
+@pytest.mark.parametrize("flags", [3, 5, 17, 64, 1 << 20])
 def test_unknown_flags_raise_value_error(cls: type, flags: int) -> None:
     with pytest.raises(ValueError, match=str(flags)):
         cls().loads(b"whatever", flags)
@@ -335,3 +335,9 @@ def test_any_str_round_trips_surrogates_included(value: str) -> None:
         loaded = cls().loads(*cls().dumps(value))
         assert loaded == value
         assert type(loaded) is str
+
+
+@pytest.mark.parametrize("serializer", [PickleSerializer(), JSONSerializer()])
+def test_integers_pylibmc_stored_with_its_long_flag_are_read(serializer: Any) -> None:
+    # pylibmc writes Python ints as decimal digits with flags 4.
+    assert serializer.loads(b"12345678901234567890", 4) == 12345678901234567890
