@@ -22,7 +22,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
+
+from .loopback import LoopbackServer
 
 __all__ = ["Action", "FakeMemcached", "Request"]
 
@@ -87,7 +88,7 @@ class Request:
     data: bytes | None  # the data block of a storage command, without CRLF
 
 
-class FakeMemcached:
+class FakeMemcached(LoopbackServer):
     """A scripted, misbehaving memcached on a free loopback port. Use it as a context manager."""
 
     def __init__(
@@ -108,60 +109,23 @@ class FakeMemcached:
         self.slow_delay = slow_delay
         self.garbage = garbage
         self.extra = extra
-        self.host = "127.0.0.1"
-        self.port = 0
-        self._lock = threading.Lock()
+        super().__init__()
         self._script: deque[Action] = deque()
         self._held: list[tuple[_Peer, bytes]] = []
         self._peers: list[_Peer] = []
-        self._threads: list[threading.Thread] = []
         self._requests: list[Request] = []
         self._accepted = 0
         self._closed_by_client: list[int] = []
         self._bytes_received = 0
         self._cas = 0
-        self._stopping = threading.Event()
-        self._listener: socket.socket | None = None
 
-    # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> FakeMemcached:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self.host, 0))
-        listener.listen(64)
-        listener.settimeout(0.05)
-        self.port = int(listener.getsockname()[1])
-        self._listener = listener
-        self._spawn(self._accept_loop, "fake-memcached-accept")
-        return self
+    thread_name = "fake-memcached"
 
-    def stop(self) -> None:
-        self._stopping.set()
+    def _close_connections(self) -> None:
         with self._lock:
             peers = list(self._peers)
-            threads = list(self._threads)
         for peer in peers:
             peer.close()
-        for thread in threads:
-            thread.join(5)
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-
-    def __enter__(self) -> FakeMemcached:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    @property
-    def location(self) -> str:
-        return f"{self.host}:{self.port}"
 
     # -- scripting and observation ---------------------------------------------------------
     def script(self, *actions: Action) -> None:
@@ -207,36 +171,19 @@ class FakeMemcached:
         return True
 
     # -- serving ---------------------------------------------------------------------------
-    def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    def _connected(self, sock: socket.socket) -> None:
         with self._lock:
-            self._threads.append(thread)
-        thread.start()
-
-    def _accept_loop(self) -> None:
-        listener = self._listener
-        assert listener is not None
-        while not self._stopping.is_set():
-            try:
-                sock, _address = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._accepted += 1
-                peer = _Peer(sock, self._accepted)
-                self._peers.append(peer)
-            if self.close_on_connect:
-                peer.close()
-                continue
-            self._spawn(self._serve, f"fake-memcached-{peer.number}", peer)
+            self._accepted += 1
+            peer = _Peer(sock, self._accepted)
+            self._peers.append(peer)
+        if self.close_on_connect:
+            peer.close()
+            return
+        self._spawn(self._serve, peer, name=f"fake-memcached-{peer.number}")
 
     def _serve(self, peer: _Peer) -> None:
         buffer = bytearray()
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             try:
                 chunk = peer.sock.recv(256 * 1024)
             except OSError:
@@ -305,7 +252,7 @@ class FakeMemcached:
         if action is Action.IGNORE:
             return True
         if action is Action.SLOW:
-            if self._stopping.wait(self.slow_delay):
+            if self.stopping.wait(self.slow_delay):
                 return False
             return not reply or peer.send(reply)
         if action is Action.CLOSE:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import contextlib
 import queue
 import socket
-import threading
 import time
-from collections.abc import Callable
-from types import TracebackType
+
+from .loopback import LoopbackServer
 
 __all__ = ["DelayProxy"]
 
@@ -69,7 +68,7 @@ class _Pipe:
                 self.sink.shutdown(socket.SHUT_WR)
 
 
-class DelayProxy:
+class DelayProxy(LoopbackServer):
     """Forward connections to ``upstream`` (``"host:port"``), ``delay`` seconds late."""
 
     def __init__(self, upstream: str, delay: float = 0.0) -> None:
@@ -77,20 +76,13 @@ class DelayProxy:
         self.upstream = (host, int(port))
         #: Seconds every chunk is held, each way. May be changed at any time.
         self.delay = delay
-        self.host = "127.0.0.1"
-        self.port = 0
-        self.stopping = threading.Event()
-        self._lock = threading.Lock()
+        super().__init__()
         self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._listener: socket.socket | None = None
         self._pending = 0
         #: Connections accepted so far.
         self.connections = 0
 
-    @property
-    def location(self) -> str:
-        return f"{self.host}:{self.port}"
+    thread_name = "delay-proxy"
 
     def pending_bytes(self) -> int:
         """Bytes received and not yet passed on (held for the delay), both ways."""
@@ -101,69 +93,25 @@ class DelayProxy:
         with self._lock:
             self._pending += count
 
-    def start(self) -> DelayProxy:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self.host, 0))
-        listener.listen(64)
-        listener.settimeout(0.05)
-        self.port = int(listener.getsockname()[1])
-        self._listener = listener
-        self._spawn(self._accept_loop)
-        return self
-
-    def stop(self) -> None:
-        self.stopping.set()
+    def _close_connections(self) -> None:
         with self._lock:
-            sockets, threads = list(self._sockets), list(self._threads)
+            sockets = list(self._sockets)
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        for thread in threads:
-            thread.join(5)
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
 
-    def __enter__(self) -> DelayProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def _spawn(self, target: Callable[..., None], *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, name="delay-proxy", daemon=True)
+    def _connected(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self.upstream, timeout=5)
+        except OSError:
+            client.close()  # upstream down: the client sees the connection refused late
+            return
+        server.settimeout(None)
+        server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._lock:
-            self._threads.append(thread)
-        thread.start()
-
-    def _accept_loop(self) -> None:
-        listener = self._listener
-        assert listener is not None
-        while not self.stopping.is_set():
-            try:
-                client, _address = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                client.close()  # upstream down: the client sees the connection refused late
-                continue
-            for sock in (client, server):
-                sock.settimeout(None)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self.connections += 1
-                self._sockets += [client, server]
-            for pipe in (_Pipe(self, client, server), _Pipe(self, server, client)):
-                self._spawn(pipe.read)
-                self._spawn(pipe.write)
+            self.connections += 1
+            self._sockets += [client, server]
+        for pipe in (_Pipe(self, client, server), _Pipe(self, server, client)):
+            self._spawn(pipe.read)
+            self._spawn(pipe.write)
