@@ -37,7 +37,13 @@ from .client.blocking import BlockingClient
 from .client.cluster import Cluster
 from .client.commands import CommandSet
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
-from .errors import CommandError, FastCacheError, NetworkError, NonIntegerValueError
+from .errors import (
+    CommandError,
+    FastCacheError,
+    NetworkError,
+    NonIntegerValueError,
+    ProtocolError,
+)
 from .expiry import memcached_exptime
 from .serializers import FLAG_INTEGER
 
@@ -46,6 +52,9 @@ T = TypeVar("T")
 #: Journaled in place of a key: "flush the whole node" (a clear() made while it was out).
 FLUSH_MARK = b""
 _MAX_RETRIES = 3
+#: What marks a node out: it could not be reached, or it answered with bytes that do not
+#: parse (its connection is discarded; whether a write took effect is unknown either way).
+NODE_FAILURES = (NetworkError, ProtocolError)
 
 
 class _WentOut(Exception):
@@ -178,7 +187,7 @@ class TieredStore:
         if not self.states.is_out(node):
             try:
                 item = await client.get(key)
-            except NetworkError:
+            except NODE_FAILURES:
                 self.node_failed(node)
             else:
                 if item is not None:
@@ -206,7 +215,7 @@ class TieredStore:
                         added = run_blocking(
                             self.blocking.add(key, entry.data, flags=entry.flags, exptime=exptime)
                         )
-                    except NetworkError:
+                    except NODE_FAILURES:
                         self.node_failed(node)
                     else:
                         self.metrics.refills += added
@@ -229,7 +238,7 @@ class TieredStore:
         if up:
             try:
                 items = await client.get_many(up)
-            except NetworkError:
+            except NODE_FAILURES:
                 # Some node failed: settle each key on its own (marking nodes out as needed).
                 for key in keys:
                     value = await self.get(client, key)
@@ -262,7 +271,7 @@ class TieredStore:
                     return self._set_both(node, key, data, flags, ttl)
                 except _WentOut:
                     pass
-                except NetworkError:
+                except NODE_FAILURES:
                     self.node_failed(node)
             try:
                 done, _ = self._journaled(node, [key], lambda: self.disk.set(key, data, flags, ttl))
@@ -315,7 +324,7 @@ class TieredStore:
                     return self._add_both(node, key, data, flags, ttl)
                 except _WentOut:
                     pass
-                except NetworkError:
+                except NODE_FAILURES:
                     self.node_failed(node)
             try:
                 done, added_on_disk = self._journaled(
@@ -397,7 +406,7 @@ class TieredStore:
             if not self.states.is_out(node):
                 try:
                     touched = await client.touch(key, memcached_exptime(ttl, time.time()))
-                except NetworkError:
+                except NODE_FAILURES:
                     self.node_failed(node)
                 else:
                     try:
@@ -434,9 +443,9 @@ class TieredStore:
                     self._disk_failed(key)
                     try:
                         return run_blocking(self.blocking.delete(key))
-                    except NetworkError:
+                    except NODE_FAILURES:
                         self.node_failed(node)
-                except NetworkError:
+                except NODE_FAILURES:
                     self.node_failed(node)
             try:
                 done, existed = self._journaled(node, [key], lambda: self.disk.delete(key))
@@ -459,7 +468,7 @@ class TieredStore:
                     return self._incr_both(node, key, delta)
                 except _WentOut:
                     pass
-                except NetworkError:
+                except NODE_FAILURES:
                     self.node_failed(node)
             try:
                 done, value = self._journaled(node, [key], lambda: self._incr_disk(key, delta))
@@ -520,12 +529,12 @@ class TieredStore:
         if up:
             try:
                 await client.flush_all(nodes=up)
-            except NetworkError:
+            except NODE_FAILURES:
                 # Flush each node on its own to learn which ones failed.
                 for node in up:
                     try:
                         await client.flush_all(nodes=[node])
-                    except NetworkError:
+                    except NODE_FAILURES:
                         self.node_failed(node)
                         out.append(node)
         for node in out:
