@@ -120,14 +120,17 @@ class BlockingConnection:
         for kind in kinds:
             reply = parser.next_reply(kind)
             while reply is None:
+                flags = 0
                 if first_read:
                     # The common case, one read: the kernel timeout is the call's timeout.
                     first_read = False
                     deadline = time.monotonic() + self.timeout
-                else:
-                    self._shorten_timeout(deadline)
+                elif not self._shorten_timeout(deadline):
+                    # Past the deadline: take only what has already arrived (another node
+                    # may have used up the shared deadline while this reply sat here).
+                    flags = socket.MSG_DONTWAIT
                 try:
-                    chunk = recv(_RECV_SIZE)
+                    chunk = recv(_RECV_SIZE, flags)
                 except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO ran out
                     raise OperationTimeoutError(
                         f"no reply from {self.address} within {self.timeout}s"
@@ -144,14 +147,16 @@ class BlockingConnection:
             _set_kernel_timeouts(self._sock, self.timeout)
         return replies
 
-    def _shorten_timeout(self, deadline: float) -> None:
-        """Make the next read wait no longer than what is left until ``deadline``."""
+    def _shorten_timeout(self, deadline: float) -> bool:
+        """Make the next read wait no longer than what is left until ``deadline``; False
+        when nothing is left."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise OperationTimeoutError(f"no reply from {self.address} within {self.timeout}s")
+            return False
         if remaining < self._kernel_timeout:
             self._kernel_timeout = remaining
             _set_kernel_timeouts(self._sock, remaining)
+        return True
 
     def close(self) -> None:
         self._sock.close()
