@@ -30,7 +30,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .bridge import run_blocking
 from .client.blocking import BlockingClient
@@ -48,6 +48,7 @@ from .expiry import memcached_exptime
 from .serializers import FLAG_INTEGER
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 #: Journaled in place of a key: "flush the whole node" (a clear() made while it was out).
 FLUSH_MARK = b""
@@ -261,25 +262,39 @@ class TieredStore:
         return found
 
     # -- writes --------------------------------------------------------------------------
-    async def set(
-        self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
-    ) -> bool:
+    def _on_either_tier(
+        self, key: bytes, both: Callable[[int], R], disk_only: Callable[[], R], failed: R
+    ) -> R:
+        """``both(node)`` while ``key``'s node is up; ``disk_only()``, journaled, while it
+        is out. A node failing on the way is marked out and the operation journaled; one
+        that came back meanwhile is tried again. ``failed`` when neither tier took it."""
         node = self.cluster.node_index(key)
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 try:
-                    return self._set_both(node, key, data, flags, ttl)
+                    return both(node)
                 except _WentOut:
-                    pass
+                    pass  # marked out while it waited for the disk lock: journal it
                 except NODE_FAILURES:
                     self.node_failed(node)
             try:
-                done, _ = self._journaled(node, [key], lambda: self.disk.set(key, data, flags, ttl))
+                done, result = self._journaled(node, [key], disk_only)
             except DiskError:
-                return False
+                return failed
             if done:
-                return True
-        return False
+                return cast(R, result)
+        return failed
+
+    async def set(
+        self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
+    ) -> bool:
+        def on_disk() -> bool:
+            self.disk.set(key, data, flags, ttl)
+            return True
+
+        return self._on_either_tier(
+            key, lambda node: self._set_both(node, key, data, flags, ttl), on_disk, False
+        )
 
     def _set_both(self, node: int, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
         """memcached and the disk under the key's shard lock, the disk write overlapping
@@ -317,24 +332,12 @@ class TieredStore:
     async def add(
         self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
     ) -> bool:
-        node = self.cluster.node_index(key)
-        for _attempt in range(_MAX_RETRIES):
-            if not self.states.is_out(node):
-                try:
-                    return self._add_both(node, key, data, flags, ttl)
-                except _WentOut:
-                    pass
-                except NODE_FAILURES:
-                    self.node_failed(node)
-            try:
-                done, added_on_disk = self._journaled(
-                    node, [key], lambda: self.disk.add(key, data, flags, ttl)
-                )
-            except DiskError:
-                return False
-            if done:
-                return bool(added_on_disk)
-        return False
+        return self._on_either_tier(
+            key,
+            lambda node: self._add_both(node, key, data, flags, ttl),
+            lambda: self.disk.add(key, data, flags, ttl),
+            False,
+        )
 
     def _add_both(self, node: int, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
         """``add`` on memcached and, when it stored, the disk, under the key's shard lock."""
@@ -428,32 +431,21 @@ class TieredStore:
         return self._delete(key)
 
     def _delete(self, key: bytes) -> bool:
-        node = self.cluster.node_index(key)
-        for _attempt in range(_MAX_RETRIES):
-            if not self.states.is_out(node):
-                try:
-                    with self.disk.locked(key):
-                        if self.states.is_out(node):
-                            raise _WentOut  # while this waited for the lock: journal it
-                        self.disk.delete(key)
-                        return run_blocking(self.blocking.delete(key))
-                except _WentOut:
-                    pass
-                except DiskError:
-                    self._disk_failed(key)
-                    try:
-                        return run_blocking(self.blocking.delete(key))
-                    except NODE_FAILURES:
-                        self.node_failed(node)
-                except NODE_FAILURES:
-                    self.node_failed(node)
-            try:
-                done, existed = self._journaled(node, [key], lambda: self.disk.delete(key))
-            except DiskError:
-                return False
-            if done:
-                return bool(existed)
-        return False
+        return self._on_either_tier(
+            key, lambda node: self._delete_both(node, key), lambda: self.disk.delete(key), False
+        )
+
+    def _delete_both(self, node: int, key: bytes) -> bool:
+        """Both tiers under the key's shard lock, so a refill cannot put the value back."""
+        try:
+            with self.disk.locked(key):
+                if self.states.is_out(node):
+                    raise _WentOut
+                self.disk.delete(key)
+                return run_blocking(self.blocking.delete(key))
+        except DiskError:
+            self._disk_failed(key)
+            return run_blocking(self.blocking.delete(key))
 
     async def delete_many(self, client: CommandSet, keys: Iterable[bytes]) -> None:
         for key in dict.fromkeys(keys):
@@ -461,22 +453,12 @@ class TieredStore:
 
     async def incr(self, client: CommandSet, key: bytes, delta: int) -> int | None:
         """Add ``delta`` (negative: subtract, stopping at 0); None when ``key`` is missing."""
-        node = self.cluster.node_index(key)
-        for _attempt in range(_MAX_RETRIES):
-            if not self.states.is_out(node):
-                try:
-                    return self._incr_both(node, key, delta)
-                except _WentOut:
-                    pass
-                except NODE_FAILURES:
-                    self.node_failed(node)
-            try:
-                done, value = self._journaled(node, [key], lambda: self._incr_disk(key, delta))
-            except DiskError:
-                return None
-            if done:
-                return value
-        return None
+        return self._on_either_tier(
+            key,
+            lambda node: self._incr_both(node, key, delta),
+            lambda: self._incr_disk(key, delta),
+            None,
+        )
 
     def _incr_both(self, node: int, key: bytes, delta: int) -> int | None:
         def on_memcached() -> int | None:
