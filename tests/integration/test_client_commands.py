@@ -9,17 +9,15 @@ or by asking each node directly with a one-node client.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from django_fastcache.bridge import run_blocking
-from django_fastcache.client import Client
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.client.commands import CommandSet
@@ -34,44 +32,17 @@ from django_fastcache.errors import (
 from django_fastcache.protocol import Item
 from django_fastcache.testing.servers import MemcachedServer, free_port
 from tests.conftest import MemcachedCluster
+from tests.integration.client_runner import Runner, runner_fixture
 
 pytestmark = pytest.mark.integration
 
-T = TypeVar("T")
-Scenario = Callable[[CommandSet], Coroutine[Any, Any, T]]
 
 MiB = 1024 * 1024
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 
 
-class Runner:
-    """Runs a scenario on a fresh client of one kind and closes the client afterwards."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-    def __call__(self, servers: list[str], scenario: Scenario[T], **settings: Any) -> T:
-        if self.kind == "async":
-            return asyncio.run(self._run_async(servers, scenario, settings))
-        client = BlockingClient(Cluster(servers, ClientSettings(**settings)))
-        try:
-            return run_blocking(scenario(client))
-        finally:
-            client.close_thread_connections()
-
-    @staticmethod
-    async def _run_async(servers: list[str], scenario: Scenario[T], settings: Any) -> T:
-        client = Client(servers, **settings)
-        try:
-            return await scenario(client)
-        finally:
-            await client.aclose()
-
-
-@pytest.fixture(params=["async", "blocking"])
-def run(request: pytest.FixtureRequest) -> Runner:
-    return Runner(request.param)
+run = runner_fixture()
 
 
 # -- looking at the servers directly ---------------------------------------------------------

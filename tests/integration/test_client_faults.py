@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -31,11 +31,10 @@ from django_fastcache.errors import (
 from django_fastcache.protocol import Item, ReplyKind
 from django_fastcache.testing.fake_server import Action, FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer, free_port
+from tests.integration.client_runner import Runner, runner_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
-T = TypeVar("T")
-Scenario = Callable[[CommandSet], Coroutine[Any, Any, T]]
 
 TIMEOUT = 0.3
 #: How far past its timeout a failing call may come back, at most.
@@ -48,34 +47,7 @@ def item(key: bytes) -> Item:
     return Item(key, VALUES[key], 0, None)
 
 
-class Runner:
-    """Runs a scenario on a fresh client of one kind and closes the client afterwards."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-    def __call__(self, servers: list[str], scenario: Scenario[T], **settings: Any) -> T:
-        settings.setdefault("timeout", TIMEOUT)
-        if self.kind == "async":
-            return asyncio.run(self._run_async(servers, scenario, settings))
-        client = BlockingClient(Cluster(servers, ClientSettings(**settings)))
-        try:
-            return run_blocking(scenario(client))
-        finally:
-            client.close_thread_connections()
-
-    @staticmethod
-    async def _run_async(servers: list[str], scenario: Scenario[T], settings: Any) -> T:
-        client = Client(servers, **settings)
-        try:
-            return await scenario(client)
-        finally:
-            await client.aclose()
-
-
-@pytest.fixture(params=["async", "blocking"])
-def run(request: pytest.FixtureRequest) -> Runner:
-    return Runner(request.param)
+run = runner_fixture(timeout=TIMEOUT)
 
 
 @pytest.fixture
