@@ -23,7 +23,7 @@ from ..protocol import Item, ReplyKind, Status
 from . import forksafe
 from .address import Address
 from .cluster import ClientSettings, Cluster
-from .commands import CommandSet, Meanwhile, Replies, Requests
+from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection
 from .pool import Pool, PoolSettings
 
@@ -112,7 +112,12 @@ class Client(CommandSet):
             ) from None
 
     async def _request(
-        self, node: int, data: bytes, kind: ReplyKind, meanwhile: Meanwhile = None
+        self,
+        node: int,
+        data: bytes,
+        kind: ReplyKind,
+        meanwhile: Meanwhile = None,
+        keys: Sequence[bytes] | None = None,
     ) -> Any:
         pool = self._pools()[node]
         # One budget for the whole call: waiting for a connection uses it up too.
@@ -163,7 +168,7 @@ class Client(CommandSet):
         pool.release(connection)
         return replies
 
-    async def _pipelines(self, requests: Requests) -> Replies:
+    async def _pipelines(self, requests: Requests, expected: Expected | None = None) -> Replies:
         pools = self._pools()
         nodes = list(requests)
         outcomes = await asyncio.gather(

@@ -41,6 +41,9 @@ MULTI_GET_CHUNK = 100
 Meanwhile = Callable[[], object] | None
 #: Per node: the bytes to write and the kind of each reply expected, in order.
 Requests = dict[int, tuple[bytes, list[ReplyKind]]]
+#: Per node: for each reply of its request, the keys a retrieval asked for (None for
+#: other replies). A reply with an item for any other key breaks the protocol.
+Expected = dict[int, list["Sequence[bytes] | None"]]
 #: Per node: the replies (error replies included as CommandError values), or the error
 #: that failed the node's connection.
 Replies = dict[int, "list[Any] | FastCacheError"]
@@ -61,17 +64,22 @@ class CommandSet:
 
     # -- the I/O primitives subclasses provide ------------------------------------------
     async def _request(
-        self, node: int, data: bytes, kind: ReplyKind, meanwhile: Meanwhile = None
+        self,
+        node: int,
+        data: bytes,
+        kind: ReplyKind,
+        meanwhile: Meanwhile = None,
+        keys: Sequence[bytes] | None = None,
     ) -> Any:
         """One request, one reply; an error reply is raised. ``meanwhile`` is called once the
-        request is written and before its reply is read."""
+        request is written and before its reply is read; ``keys`` are a retrieval's keys."""
         raise NotImplementedError
 
     async def _send_noreply(self, node: int, data: bytes) -> None:
         """Requests that expect no reply."""
         raise NotImplementedError
 
-    async def _pipelines(self, requests: Requests) -> Replies:
+    async def _pipelines(self, requests: Requests, expected: Expected | None = None) -> Replies:
         """Several nodes at once, each given requests pipelined in one write."""
         raise NotImplementedError
 
@@ -79,26 +87,34 @@ class CommandSet:
     async def get(self, key: bytes) -> Item | None:
         """The item (``value``, ``flags``) stored under ``key``, or None."""
         # Encoding first validates the key, before it is hashed to pick a node.
-        data = get_command((key,))
-        items = await self._request(self.cluster.node_index(key), data, ReplyKind.RETRIEVAL)
+        keys = (key,)
+        data = get_command(keys)
+        node = self.cluster.node_index(key)
+        items = await self._request(node, data, ReplyKind.RETRIEVAL, None, keys)
         return items[0] if items else None
 
     async def gets(self, key: bytes) -> Item | None:
         """Like :meth:`get`, with the item's CAS token in ``item.cas``."""
-        data = get_command((key,), cas=True)
-        items = await self._request(self.cluster.node_index(key), data, ReplyKind.RETRIEVAL)
+        keys = (key,)
+        data = get_command(keys, cas=True)
+        node = self.cluster.node_index(key)
+        items = await self._request(node, data, ReplyKind.RETRIEVAL, None, keys)
         return items[0] if items else None
 
     async def gat(self, key: bytes, exptime: int) -> Item | None:
         """Get and touch: fetch ``key`` and give it the expiry ``exptime``."""
-        data = gat_command((key,), exptime)
-        items = await self._request(self.cluster.node_index(key), data, ReplyKind.RETRIEVAL)
+        keys = (key,)
+        data = gat_command(keys, exptime)
+        node = self.cluster.node_index(key)
+        items = await self._request(node, data, ReplyKind.RETRIEVAL, None, keys)
         return items[0] if items else None
 
     async def gats(self, key: bytes, exptime: int) -> Item | None:
         """Get and touch, with the CAS token."""
-        data = gat_command((key,), exptime, cas=True)
-        items = await self._request(self.cluster.node_index(key), data, ReplyKind.RETRIEVAL)
+        keys = (key,)
+        data = gat_command(keys, exptime, cas=True)
+        node = self.cluster.node_index(key)
+        items = await self._request(node, data, ReplyKind.RETRIEVAL, None, keys)
         return items[0] if items else None
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, Item]:
@@ -123,15 +139,17 @@ class CommandSet:
         for key in unique:
             validate_key(key)  # before hashing: a str key must not reach the hash
         requests: Requests = {}
+        expected: Expected = {}
         for node, node_keys in self.cluster.group(unique).items():
-            chunks = [
+            chunks: list[Sequence[bytes] | None] = [
                 node_keys[i : i + MULTI_GET_CHUNK]
                 for i in range(0, len(node_keys), MULTI_GET_CHUNK)
             ]
-            data = b"".join([encode(chunk) for chunk in chunks])
+            data = b"".join([encode(chunk) for chunk in chunks if chunk is not None])
             requests[node] = (data, [ReplyKind.RETRIEVAL] * len(chunks))
+            expected[node] = chunks
         found: dict[bytes, Item] = {}
-        for replies in _raise_first_error(await self._pipelines(requests)).values():
+        for replies in _raise_first_error(await self._pipelines(requests, expected)).values():
             for reply in replies:
                 if isinstance(reply, CommandError):
                     raise reply

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from django_fastcache.errors import (
@@ -72,6 +73,8 @@ class Item(NamedTuple):
     cas: int | None  # set for gets/gats, None for get/gat
 
 
+_RETRIEVAL = ReplyKind.RETRIEVAL
+
 Reply = list[Item] | Status | int | str | dict[str, str] | CommandError
 """What next_reply returns for a complete reply; see ReplyParser.next_reply."""
 
@@ -81,6 +84,13 @@ _UINT64_MAX = 2**64 - 1
 _VALUE_HEADER = re.compile(
     rb"VALUE ([\x21-\x7e\x80-\xff]+) ([0-9]{1,10}) ([0-9]{1,20})(?: ([0-9]{1,20}))?"
 )
+
+# A whole one-item reply read in one step: the header (a key no longer than memcached
+# allows), and where it ends. Anything else takes the general, incremental path.
+_ONE_VALUE_HEADER = re.compile(
+    rb"VALUE ([\x21-\x7e\x80-\xff]{1,250}) ([0-9]{1,10}) ([0-9]{1,20})\r\n"
+)
+_END_OF_ONE_VALUE = b"\r\nEND\r\n"
 
 _STORAGE_REPLIES = {
     status.value: status
@@ -104,6 +114,7 @@ class ReplyParser:
 
     __slots__ = (
         "_buffer",
+        "_expected",
         "_failure",
         "_header",
         "_items",
@@ -136,6 +147,8 @@ class ReplyParser:
         # whose data block has not fully arrived yet.
         self._items: list[Item] = []
         self._header: tuple[bytes, int, int, int | None] | None = None
+        # The keys a retrieval in progress asked for and has not received yet.
+        self._expected: set[bytes] | None = None
         # A stats reply in progress.
         self._stats: dict[str, str] = {}
         # The kind whose reply was incomplete at the last call.
@@ -166,8 +179,13 @@ class ReplyParser:
                 self._pos = 0
         buffer += data
 
-    def next_reply(self, kind: ReplyKind) -> Reply | None:
+    def next_reply(self, kind: ReplyKind, keys: Sequence[bytes] | None = None) -> Reply | None:
         """Return the next complete reply, read as a reply of ``kind``, or None for "not yet".
+
+        ``keys``, for a RETRIEVAL, are the keys the request asked for: an item for any
+        other key, or for one of them twice, breaks the protocol (it would be another
+        request's answer, or an endless stream), so the reply holds at most one item per
+        key asked for.
 
         RETRIEVAL gives a list of Item (empty when nothing was found); STORAGE, DELETE,
         TOUCH and OK give a Status; ARITHMETIC gives the new value as an int, or
@@ -181,13 +199,48 @@ class ReplyParser:
         """
         if self._failure is not None:
             raise self._dead()
-        if self._waiting_kind is not None and kind != self._waiting_kind:
-            raise RuntimeError(
-                f"next_reply({kind!r}) called with a {self._waiting_kind!r} reply unfinished"
-            )
+        waiting = self._waiting_kind
+        if waiting is None:
+            if kind is _RETRIEVAL and keys is not None and len(keys) == 1:
+                # The commonest reply of all, a one-key get, whole in the buffer.
+                found = self._one_value(keys[0])
+                if found is not None:
+                    return found
+                self._expected = set(keys)
+            elif kind is _RETRIEVAL:
+                self._expected = None if keys is None else set(keys)
+        elif kind != waiting:
+            raise RuntimeError(f"next_reply({kind!r}) called with a {waiting!r} reply unfinished")
         reply = _READERS[kind](self)
         self._waiting_kind = kind if reply is None else None
         return reply
+
+    def _one_value(self, key: bytes) -> list[Item] | None:
+        """A whole reply of one item for ``key`` or a whole miss, or None to read it the
+        general way (incomplete, or anything unusual: that path tells what is wrong)."""
+        buffer = self._buffer
+        pos = self._pos
+        if buffer.startswith(b"END\r\n", pos):
+            self._pos = self._scan = pos + 5
+            return []
+        match = _ONE_VALUE_HEADER.match(buffer, pos)
+        if match is None or match.group(1) != key:
+            return None
+        start = match.end()
+        length = int(match.group(3))
+        data_end = start + length
+        if length > self._max_value_size or buffer[data_end : data_end + 7] != _END_OF_ONE_VALUE:
+            return None
+        flags = int(match.group(2))
+        if flags > _UINT32_MAX:
+            return None
+        self._pos = self._scan = data_end + 7
+        if length < _VIEW_COPY_THRESHOLD:
+            value = bytes(buffer[start:data_end])
+        else:
+            with memoryview(buffer) as view:
+                value = bytes(view[start:data_end])
+        return [Item(key, value, flags, None)]
 
     # -- readers, one per reply kind -------------------------------------------------------
 
@@ -202,6 +255,7 @@ class ReplyParser:
                 if buffer.startswith(b"END\r\n", pos):
                     self._pos = self._scan = pos + 5
                     self._items = []
+                    self._expected = None
                     return items
                 end = self._line_end()
                 if end < 0:
@@ -210,8 +264,17 @@ class ReplyParser:
                 if match is None:
                     # Partial items are dropped: the error answers the whole request.
                     self._items = []
+                    self._expected = None
                     return self._error_line(pos, end, "get/gets/gat/gats")
                 key, flags_digits, length_digits, cas_digits = match.groups()
+                expected = self._expected
+                if expected is not None:
+                    if key not in expected:
+                        raise self._fail(
+                            f"a value for {show_bytes(key)}, which was not asked for"
+                            " (or was already answered)"
+                        )
+                    expected.discard(key)
                 flags = int(flags_digits)
                 length = int(length_digits)
                 cas = None if cas_digits is None else int(cas_digits)
@@ -393,6 +456,7 @@ class ReplyParser:
         self._pos = self._scan = 0
         self._items = []
         self._header = None
+        self._expected = None
         self._stats = {}
         return self._failure
 

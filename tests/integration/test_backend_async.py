@@ -447,13 +447,14 @@ def test_tiered_async_methods_stay_on_the_callers_thread(
     cache = tiered_cache
     caller = threading.get_ident()
     blocking_calls: list[int] = []
-    original = BlockingClient._exchange
+    original = BlockingClient._connection
 
-    def exchange(self: BlockingClient, *args: Any, **kwargs: Any) -> Any:
+    # Every request of the blocking client starts by taking the thread's connection.
+    def connection(self: BlockingClient, *args: Any, **kwargs: Any) -> Any:
         blocking_calls.append(threading.get_ident())
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(BlockingClient, "_exchange", exchange)
+    monkeypatch.setattr(BlockingClient, "_connection", connection)
 
     async def work() -> None:
         running = asyncio.get_running_loop()
@@ -557,9 +558,9 @@ def test_tiered_aset_many_is_one_round_trip_per_node_and_adelete_many_clears_bot
     sends: Counter[str] = Counter()
     original_send = BlockingConnection.send
 
-    def send(self: BlockingConnection, data: bytes) -> None:
+    def send(self: BlockingConnection, data: bytes, deadline: float) -> None:
         sends[str(self.address)] += 1
-        original_send(self, data)
+        original_send(self, data, deadline)
 
     monkeypatch.setattr(BlockingConnection, "send", send)
 
