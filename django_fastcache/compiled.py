@@ -15,8 +15,11 @@ HOT_MODULES = (
     "django_fastcache.protocol.keys",
     "django_fastcache.protocol.commands",
     "django_fastcache.protocol.parser",
+    "django_fastcache.client.hashing",
+    "django_fastcache.client.cluster",
     "django_fastcache.client.commands",
     "django_fastcache.client.blocking",
+    "django_fastcache.expiry",
     "django_fastcache.serializers",
     "django_fastcache.backends.fastcache",
 )

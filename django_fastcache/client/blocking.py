@@ -15,7 +15,6 @@ inherited sockets are closed in the child, which leaves the parent's untouched).
 
 from __future__ import annotations
 
-import os
 import select
 import socket
 import struct
@@ -243,9 +242,19 @@ class BlockingConnection:
 
 
 class _ThreadConnections(threading.local):
+    """Each thread's connections, by node index."""
+
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.by_node: dict[int, BlockingConnection] = {}
+
+    def _forget_after_fork(self) -> object:
+        # Plain sockets: closing the child's copies leaves the parent's connections open.
+        # (Only the forking thread lives on in the child; other threads' entries go with
+        # their threads.)
+        for connection in self.by_node.values():
+            connection.close()
+        self.by_node = {}
+        return None
 
 
 class BlockingClient(CommandSet):
@@ -255,7 +264,9 @@ class BlockingClient(CommandSet):
         self.cluster = cluster
         self._timeout = cluster.settings.timeout
         self._local = _ThreadConnections()
-        forksafe.register(self)
+        # The connections, not the client, are what a forked child must drop (and a
+        # compiled client cannot be weakly referenced).
+        forksafe.register(self._local)
 
     def _connection(self, node: int, deadline: float) -> BlockingConnection:
         local = self._local
@@ -416,10 +427,3 @@ class BlockingClient(CommandSet):
         """Close the calling thread's connections."""
         for node in list(self._local.by_node):
             self._discard(node)
-
-    def _forget_after_fork(self) -> object:
-        # Plain sockets: closing the child's copies leaves the parent's connections open.
-        for connection in self._local.by_node.values():
-            connection.close()
-        self._local = _ThreadConnections()
-        return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .._mypyc import mypyc_attr
 from ..errors import CommandError, FastCacheError, InvalidArgumentError
 from ..protocol import (
     Item,
@@ -57,6 +58,8 @@ _STORAGE_VERBS = {
 }
 
 
+# The asyncio client, and test doubles, are subclasses that stay interpreted.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CommandSet:
     """The memcached commands. Keys and values are ``bytes``; see the docs for each."""
 
