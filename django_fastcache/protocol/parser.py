@@ -90,7 +90,6 @@ _VALUE_HEADER = re.compile(
 _ONE_VALUE_HEADER = re.compile(
     rb"VALUE ([\x21-\x7e\x80-\xff]{1,250}) ([0-9]{1,10}) ([0-9]{1,20})\r\n"
 )
-_END_OF_ONE_VALUE = b"\r\nEND\r\n"
 
 _STORAGE_REPLIES = {
     status.value: status
@@ -206,7 +205,6 @@ class ReplyParser:
                 found = self._one_value(keys[0])
                 if found is not None:
                     return found
-                self._expected = set(keys)
             elif kind is _RETRIEVAL:
                 self._expected = None if keys is None else set(keys)
         elif kind != waiting:
@@ -216,31 +214,24 @@ class ReplyParser:
         return reply
 
     def _one_value(self, key: bytes) -> list[Item] | None:
-        """A whole reply of one item for ``key`` or a whole miss, or None to read it the
-        general way (incomplete, or anything unusual: that path tells what is wrong)."""
+        """A whole reply to a one-key get, read in one step, or None to read on the general
+        way (incomplete, or anything unusual: that path tells what is wrong)."""
         buffer = self._buffer
         pos = self._pos
         if buffer.startswith(b"END\r\n", pos):
             self._pos = self._scan = pos + 5
             return []
-        match = _ONE_VALUE_HEADER.match(buffer, pos)
-        if match is None or match.group(1) != key:
+        item = self._whole_simple_item(pos, key)
+        if item is None:
+            self._expected = {key}
             return None
-        start = match.end()
-        length = int(match.group(3))
-        data_end = start + length
-        if length > self._max_value_size or buffer[data_end : data_end + 7] != _END_OF_ONE_VALUE:
-            return None
-        flags = int(match.group(2))
-        if flags > _UINT32_MAX:
-            return None
-        self._pos = self._scan = data_end + 7
-        if length < _VIEW_COPY_THRESHOLD:
-            value = bytes(buffer[start:data_end])
-        else:
-            with memoryview(buffer) as view:
-                value = bytes(view[start:data_end])
-        return [Item(key, value, flags, None)]
+        pos = self._pos
+        if buffer.startswith(b"END\r\n", pos):
+            self._pos = self._scan = pos + 5
+            return [item]
+        self._items = [item]
+        self._expected = set()  # the key is answered: any further item breaks the protocol
+        return None
 
     # -- readers, one per reply kind -------------------------------------------------------
 
@@ -257,6 +248,10 @@ class ReplyParser:
                     self._items = []
                     self._expected = None
                     return items
+                item = self._whole_simple_item(pos, None)
+                if item is not None:
+                    items.append(item)
+                    continue
                 end = self._line_end()
                 if end < 0:
                     return None
@@ -306,6 +301,41 @@ class ReplyParser:
             items.append(Item(key, value, flags, cas))
             header = self._header = None
             self._pos = self._scan = data_end + 2
+
+    def _whole_simple_item(self, pos: int, only_key: bytes | None) -> Item | None:
+        """The item at ``pos`` when it is the usual kind, whole in the buffer (a header
+        without a cas unique, for a key expected, then all its data), consumed; else None,
+        and the general path reads it (and tells what is wrong, if anything is).
+        ``only_key``: the one key expected (else the expected set, if any, is used)."""
+        buffer = self._buffer
+        match = _ONE_VALUE_HEADER.match(buffer, pos)
+        if match is None:
+            return None
+        key, flags_digits, length_digits = match.groups()
+        length = int(length_digits)
+        start = match.end()
+        data_end = start + length
+        if length > self._max_value_size or not buffer.startswith(b"\r\n", data_end):
+            return None
+        flags = int(flags_digits)
+        if flags > _UINT32_MAX:
+            return None
+        if only_key is not None:
+            if key != only_key:
+                return None
+        else:
+            expected = self._expected
+            if expected is not None:
+                if key not in expected:
+                    return None
+                expected.discard(key)
+        self._pos = self._scan = data_end + 2
+        if length < _VIEW_COPY_THRESHOLD:
+            value = bytes(buffer[start:data_end])
+        else:
+            with memoryview(buffer) as view:
+                value = bytes(view[start:data_end])
+        return Item(key, value, flags, None)
 
     def _read_storage(self) -> Status | CommandError | None:
         return self._read_status(_STORAGE_REPLIES, "a storage command")
