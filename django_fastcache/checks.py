@@ -15,7 +15,7 @@ from django.core.checks import CheckMessage, Error, Tags, register
 from django.utils.module_loading import import_string
 
 from .backends.options import parse_options
-from .client.address import parse_address, parse_locations
+from .client.address import NoServerError, parse_address, parse_locations
 from .disk.location import default_directory, writable_by_others
 from .errors import ConfigurationError
 
@@ -30,6 +30,14 @@ def _is_fastcache(backend_path: str) -> bool:
     return isinstance(backend, type) and issubclass(backend, FastCache)
 
 
+def _bad_location_type(alias: str, location: object) -> Error:
+    # Not a string nor a list of strings: reported rather than crashing the check.
+    return Error(
+        f"CACHES[{alias!r}]: LOCATION must be a string or a list of strings, got {location!r}.",
+        id="django_fastcache.E012",
+    )
+
+
 @register(Tags.caches)
 def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
@@ -41,27 +49,22 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
             messages.append(
                 Error(f"CACHES[{alias!r}]: {problem.message}", hint=problem.hint, id=problem.id)
             )
-        location = config.get("LOCATION", "")
+        location = config.get("LOCATION") or ""
+        servers: list[str] = []
         try:
-            servers = parse_locations(location) if location else []
-        except (ConfigurationError, TypeError):
-            # Not a string nor a list of strings: report it rather than crash the check.
-            messages.append(
-                Error(
-                    f"CACHES[{alias!r}]: LOCATION must be a string or a list of strings, "
-                    f"got {location!r}.",
-                    id="django_fastcache.E012",
-                )
-            )
-            continue
-        if not servers:
+            servers = parse_locations(location)
+        except NoServerError as exc:
+            # The backend refuses the same LOCATION on first use (ImproperlyConfigured).
             messages.append(
                 Error(
                     f"CACHES[{alias!r}] has no LOCATION.",
-                    hint='Give memcached addresses, e.g. "127.0.0.1:11211".',
+                    hint=f"{exc}.",
                     id="django_fastcache.E011",
                 )
             )
+        except (ConfigurationError, TypeError):
+            messages.append(_bad_location_type(alias, location))
+            continue
         for server in servers:
             try:
                 parse_address(server)

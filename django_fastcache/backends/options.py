@@ -7,6 +7,7 @@ and by the system check (which reports every problem at once, with an id).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import pickle
 from collections.abc import Mapping
@@ -91,6 +92,51 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Options other memcached backends take, and what FastCache calls the same idea.
+_FOREIGN_NAMES = {
+    "timeout": "operation_timeout",
+    "socket_timeout": "operation_timeout",
+    "max_pool_size": "max_connections",
+    "pool_size": "max_connections",
+    "serde": "serializer",
+}
+
+# Django's own keys of a CACHES entry, sometimes put inside OPTIONS by mistake.
+_CACHE_SETTINGS = frozenset(
+    {"BACKEND", "LOCATION", "TIMEOUT", "KEY_PREFIX", "VERSION", "KEY_FUNCTION"}
+)
+
+
+def _unknown_option(name: object) -> OptionProblem:
+    """E001, naming the nearest known option when there is one close enough."""
+    if name in _CACHE_SETTINGS:
+        return OptionProblem(
+            "django_fastcache.E001",
+            f"{name!r} is a cache setting, not an option: put it beside OPTIONS, not inside.",
+            f'CACHES = {{"default": {{"BACKEND": ..., "LOCATION": ..., "{name}": ...}}}}',
+        )
+    nearest: list[str] = []
+    if isinstance(name, str):
+        key = name.lower()
+        if key in OPTION_NAMES:
+            nearest = [key]
+        elif key in _FOREIGN_NAMES:
+            nearest = [_FOREIGN_NAMES[key]]
+        else:
+            nearest = difflib.get_close_matches(key, sorted(OPTION_NAMES), n=1, cutoff=0.6)
+    if nearest:
+        return OptionProblem(
+            "django_fastcache.E001",
+            f"Unknown FastCache option {name!r}; did you mean {nearest[0]!r}?",
+            f"Rename it to {nearest[0]!r}; the configuration reference lists every option.",
+        )
+    return OptionProblem(
+        "django_fastcache.E001",
+        f"Unknown FastCache option {name!r}.",
+        "Known options: " + ", ".join(sorted(OPTION_NAMES)) + ".",
+    )
+
+
 def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list[OptionProblem]]:
     """Options from a ``CACHES[...]["OPTIONS"]`` dict, and every problem found in it."""
     if raw is not None and not isinstance(raw, Mapping):
@@ -102,13 +148,7 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
     problems: list[OptionProblem] = []
     unknown = sorted(set(raw) - OPTION_NAMES, key=repr)
     for name in unknown:
-        problems.append(
-            OptionProblem(
-                "django_fastcache.E001",
-                f"Unknown FastCache option {name!r}.",
-                "See the configuration reference for the options FastCache takes.",
-            )
-        )
+        problems.append(_unknown_option(name))
         raw.pop(name)
 
     def positive_number(name: str) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 
-__all__ = ["DEFAULT_PORT", "Address", "parse_address", "parse_locations"]
+__all__ = ["DEFAULT_PORT", "Address", "NoServerError", "parse_address", "parse_locations"]
 
 DEFAULT_PORT = 11211
 
@@ -32,6 +32,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Interface names after "%" in a scoped IPv6 address ("eth0", "enp0s3", "br-1", "vlan.10").
 # ipaddress itself accepts any text there, spaces and control characters included.
 _SCOPE_ID = re.compile(r"[A-Za-z0-9_.-]+")
+
+# "memcache://", "memcached://", "tcp://"... : Django's LOCATION takes none of them.
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+# What a socket file name tends to end with; no public top-level domain is spelt so.
+_SOCKET_SUFFIXES = (".sock", ".socket")
 
 # Builds the ConfigurationError for the address being parsed, given the reason.
 _Fail = Callable[[str], ConfigurationError]
@@ -102,10 +107,16 @@ def parse_address(text: str, default_port: int = DEFAULT_PORT) -> Address:
     if not stripped:
         raise fail("it is empty")
 
+    scheme = _SCHEME.match(stripped)
+    if scheme is not None and not stripped.startswith(_UNIX_PREFIX):
+        raise fail(_without_scheme(stripped, scheme.group(1)))
+
     if stripped.startswith(_UNIX_PREFIX) or stripped.startswith("/"):
         path = stripped[len(_UNIX_PREFIX) :] if stripped.startswith(_UNIX_PREFIX) else stripped
         if not path.startswith("/"):
-            raise fail("a unix socket path must be absolute")
+            raise fail(
+                "a unix socket path must be absolute, e.g. unix:/run/memcached/memcached.sock"
+            )
         if _CONTROL.search(path):
             raise fail("the unix socket path contains control characters")
         return Address(host=None, port=None, path=path)
@@ -130,24 +141,42 @@ def parse_address(text: str, default_port: int = DEFAULT_PORT) -> Address:
             raise fail("too many ':' (write IPv6 addresses with a port as [addr]:port)")
         return Address(host=host, port=default_port, path=None)
 
+    if _looks_like_path(stripped):
+        raise fail(
+            "this looks like a relative unix socket path; write the absolute path, "
+            "as unix:/abs/path.sock or /abs/path.sock"
+        )
     host_text, colon, port_text = stripped.partition(":")
     port = _port(port_text, fail) if colon else default_port
     return Address(host=_host(host_text, fail), port=port, path=None)
+
+
+class NoServerError(ConfigurationError):
+    """A ``LOCATION`` that names no server at all."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "LOCATION names no memcached server; give one or more, e.g. '127.0.0.1:11211'"
+        )
 
 
 def parse_locations(location: str | Sequence[str]) -> list[str]:
     """Split a Django cache ``LOCATION`` into server address texts, keeping their spelling.
 
     As in Django's memcached backends, a string is split on ``;`` or ``,``; the pieces are
-    stripped and empty ones dropped. A list or tuple is taken as is.
+    stripped and empty ones dropped. A list or tuple is taken as is. A ``LOCATION`` that
+    names no server at all (``""``, ``[]``, ``" ; "``) is a :class:`NoServerError`.
     """
     if isinstance(location, str):
         pieces = (piece.strip() for piece in re.split(r"[;,]", location))
-        return [piece for piece in pieces if piece]
-    servers = list(location)
-    for server in servers:
-        if not isinstance(server, str):
-            raise ConfigurationError(f"server addresses must be strings, got {server!r}")
+        servers = [piece for piece in pieces if piece]
+    else:
+        servers = list(location)
+        for server in servers:
+            if not isinstance(server, str):
+                raise ConfigurationError(f"server addresses must be strings, got {server!r}")
+    if not servers:
+        raise NoServerError
     return servers
 
 
@@ -194,3 +223,17 @@ def _host(text: str, fail: _Fail) -> str:
     if len(host) > 253 or not _HOSTNAME.fullmatch(host):
         raise fail(f"{text!r} is not a valid host name")
     return host
+
+
+def _without_scheme(text: str, scheme: str) -> str:
+    """The reason for refusing ``scheme://rest``, with the address to write instead."""
+    rest = text[len(scheme) + 3 :].rstrip("/")
+    # "memcache://host:11211/0": a path or query after the address means nothing here.
+    suggestion = re.split(r"[/?#]", rest, maxsplit=1)[0] or "host:11211"
+    return f"addresses take no scheme ({scheme}://); write {suggestion!r}"
+
+
+def _looks_like_path(text: str) -> bool:
+    # Host names never contain "/" nor start with "~"; a relative socket path ("run/mc.sock",
+    # "./mc.sock", "~/mc.sock", "mc.sock") would otherwise be read as a host name.
+    return "/" in text or text.startswith("~") or text.lower().endswith(_SOCKET_SUFFIXES)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import string
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_fastcache.client.address import Address, parse_address, parse_locations
+from django_fastcache.client.address import Address, NoServerError, parse_address, parse_locations
 from django_fastcache.errors import ConfigurationError
 
 # text, host, port, path, node_id
@@ -130,6 +131,48 @@ def test_bad_default_port(default_port: int) -> None:
         parse_address("host", default_port=default_port)
 
 
+# -- messages that name the fix ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "fix"),
+    [
+        ("memcache://10.0.0.5:11211", "no scheme (memcache://); write '10.0.0.5:11211'"),
+        ("memcached://cache.example:11211/", "write 'cache.example:11211'"),
+        ("pymemcache://[::1]:11211?x=1", "write '[::1]:11211'"),
+        ("tcp://10.0.0.5", "write '10.0.0.5'"),
+    ],
+)
+def test_a_scheme_is_refused_naming_the_address_to_write(text: str, fix: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_address(text)
+    assert fix in str(info.value)
+    # What the message says to write is accepted.
+    written = str(info.value).rsplit("write ", 1)[1].strip("'")
+    assert parse_address(written)
+
+
+@pytest.mark.parametrize("text", ["run/memcached.sock", "./m.sock", "~/m.sock", "memcached.sock"])
+def test_a_relative_socket_path_is_refused_naming_unix_and_absolute(text: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_address(text)
+    message = str(info.value)
+    assert "relative unix socket path" in message
+    assert "unix:/" in message
+    assert "absolute" in message
+
+
+@pytest.mark.parametrize("text", ["unix:relative.sock", "unix:./m.sock"])
+def test_a_relative_unix_path_is_refused_with_an_absolute_example(text: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"must be absolute, e\.g\. unix:/run/"):
+        parse_address(text)
+
+
+def test_a_host_name_with_a_dot_is_still_a_host() -> None:
+    # Only socket-like suffixes are taken for paths: ordinary names keep working.
+    assert parse_address("memcached.internal:11211").host == "memcached.internal"
+
+
 def test_not_a_string() -> None:
     with pytest.raises(ConfigurationError):
         parse_address(b"host:11211")  # type: ignore[arg-type]
@@ -165,11 +208,8 @@ def test_address_is_frozen_and_hashable() -> None:
         (" a:1 ; ;b:2 , ", ["a:1", "b:2"]),
         ("[::1]:11211;[::2]:11211", ["[::1]:11211", "[::2]:11211"]),
         ("unix:/run/m.sock", ["unix:/run/m.sock"]),
-        ("", []),
-        (" ; , ", []),
         (["a:1", " B:2 "], ["a:1", " B:2 "]),
         (("a:1", "b:2"), ["a:1", "b:2"]),
-        ([], []),
     ],
 )
 def test_parse_locations(location: str | list[str] | tuple[str, ...], expected: list[str]) -> None:
@@ -183,6 +223,12 @@ def test_parse_locations_copies_lists() -> None:
     servers = parse_locations(given_list)
     servers.append("b:2")
     assert given_list == ["a:1"]
+
+
+@pytest.mark.parametrize("location", ["", " ; , ", [], ()])
+def test_a_location_naming_no_server_is_refused_with_an_example(location: Any) -> None:
+    with pytest.raises(NoServerError, match=r"no memcached server.*e\.g\. '127\.0\.0\.1:11211'"):
+        parse_locations(location)
 
 
 @pytest.mark.parametrize("location", [["a:1", 2], [b"a:1"], b"a:1"])

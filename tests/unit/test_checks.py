@@ -115,6 +115,39 @@ def test_missing_location_is_e011(location: Any) -> None:
     assert messages[0].hint
 
 
+@pytest.mark.parametrize("location", [None, "", [], " ; , "])
+def test_missing_location_is_refused_by_the_backend_too(location: Any) -> None:
+    # Check time says E011; run time must refuse the same settings, as a configuration
+    # error (not as an argument error from deep in the client).
+    config: dict[str, Any] = {"BACKEND": BACKEND}
+    if location is not None:
+        config["LOCATION"] = location
+    assert ids(run({"default": config})) == ["django_fastcache.E011"]
+    cache = FastCache(location if location is not None else "", {})
+    with pytest.raises(ImproperlyConfigured, match="LOCATION"):
+        cache.get("k")
+
+
+@pytest.mark.parametrize(
+    ("location", "fix"),
+    [
+        ("memcache://10.0.0.5:11211", "write '10.0.0.5:11211'"),
+        ("run/memcached.sock", "unix:/"),
+    ],
+)
+def test_bad_address_messages_name_the_fix(location: str, fix: str) -> None:
+    messages = run({"default": {"BACKEND": BACKEND, "LOCATION": location}})
+    assert ids(messages) == ["django_fastcache.E012"]
+    assert fix in messages[0].msg
+
+
+def test_unknown_option_check_names_the_nearest_option() -> None:
+    caches = {"default": {"BACKEND": BACKEND, "LOCATION": GOOD, "OPTIONS": {"disk_teir": 1}}}
+    messages = run(caches)
+    assert ids(messages) == ["django_fastcache.E001"]
+    assert "did you mean 'disk_tier'?" in messages[0].msg
+
+
 @pytest.mark.parametrize(
     ("location", "bad"),
     [

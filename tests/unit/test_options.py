@@ -121,6 +121,48 @@ def test_unknown_option_is_e001_with_hint() -> None:
     assert problem.hint
 
 
+@pytest.mark.parametrize(
+    ("name", "nearest"),
+    [
+        ("operation_timout", "operation_timeout"),
+        ("max_connection", "max_connections"),
+        ("Serializer", "serializer"),
+        ("disk_teir", "disk_tier"),
+        ("compress_min_len", "compress_min_length"),
+        # Other backends' names for the same idea.
+        ("timeout", "operation_timeout"),
+        ("socket_timeout", "operation_timeout"),
+        ("pool_size", "max_connections"),
+    ],
+)
+def test_unknown_option_names_the_nearest_known_one(name: str, nearest: str) -> None:
+    problem = only_problem({name: 1})
+    assert problem.id == "django_fastcache.E001"
+    assert f"did you mean {nearest!r}?" in problem.message
+    assert nearest in OPTION_NAMES
+
+
+def test_unknown_option_far_from_every_name_lists_the_known_ones() -> None:
+    problem = only_problem({"behaviors": {}})
+    assert "did you mean" not in problem.message
+    assert problem.hint is not None
+    for name in OPTION_NAMES:
+        assert name in problem.hint
+
+
+@pytest.mark.parametrize("name", ["TIMEOUT", "KEY_PREFIX", "VERSION"])
+def test_a_cache_setting_inside_options_says_where_it_belongs(name: str) -> None:
+    problem = only_problem({name: 1})
+    assert problem.id == "django_fastcache.E001"
+    assert "put it beside OPTIONS" in problem.message
+
+
+def test_backend_error_carries_the_suggestion() -> None:
+    cache = FastCache(NOWHERE, {"OPTIONS": {"max_connection": 2}})
+    with pytest.raises(ImproperlyConfigured, match="did you mean 'max_connections'"):
+        cache.get("k")
+
+
 def test_each_unknown_option_is_reported_and_the_known_ones_kept() -> None:
     options, problems = parse_options({"b_bogus": 1, "a_bogus": 2, "compress_level": 3})
     assert ids(problems) == ["django_fastcache.E001"] * 2
@@ -346,7 +388,6 @@ def test_backend_takes_good_options() -> None:
         (" a:1 ; b:2 ,c:3; ", ["a:1", "b:2", "c:3"]),
         (["a:1", "unix:/run/mc.sock"], ["a:1", "unix:/run/mc.sock"]),
         (("a:1", "b:2"), ["a:1", "b:2"]),
-        ("", []),
     ],
 )
 def test_location_becomes_the_server_list(location: Any, servers: list[str]) -> None:
