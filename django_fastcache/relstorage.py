@@ -197,22 +197,25 @@ class Client:
         if shared is None:
             return None
         try:
-            wire = _wire_key(key)
-            node = shared.cluster.node_index(wire)
-            if not shared.usable(node):
-                return None
-            try:
-                item = shared.client.get_now(wire)
-            except CommandError as exc:
-                log.debug("get %r refused: %s", key, exc)
-                return None
-            except FastCacheError as exc:
-                shared.failed(node, exc)
-                return None
-            return None if item is None else _decode(item)
+            return self._get_one(shared, _wire_key(key), key)
         except Exception:
             log.exception("get %r failed", key)
             return None
+
+    @staticmethod
+    def _get_one(shared: _Shared, wire: bytes, key: str) -> bytes | int | None:
+        node = shared.cluster.node_index(wire)
+        if not shared.usable(node):
+            return None
+        try:
+            item = shared.client.get_now(wire)
+        except CommandError as exc:
+            log.debug("get %r refused: %s", key, exc)
+            return None
+        except FastCacheError as exc:
+            shared.failed(node, exc)
+            return None
+        return None if item is None else _decode(item)
 
     def get_multi(self, keys: Iterable[str]) -> dict[str, bytes | int] | None:
         """The values found, keyed by the ``str`` keys given; None on failure."""
@@ -225,6 +228,11 @@ class Client:
                 by_wire[_wire_key(key)] = key
             if not by_wire:
                 return {}
+            if len(by_wire) == 1:
+                # RelStorage 4.x asks for one key per call: the flat single-key path.
+                ((wire, key),) = by_wire.items()
+                value = self._get_one(shared, wire, key)
+                return {} if value is None else {key: value}
             requests: Requests = {}
             expected: Expected = {}
             for node, node_keys in shared.cluster.group(by_wire).items():
