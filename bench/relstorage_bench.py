@@ -15,6 +15,9 @@ noise hits all cases alike; each case keeps its database, connections and key pr
 table gives the median round: wall and process CPU µs per object read, the commit's wall µs
 per object (RelStorage also writes each state to memcached then), the memcached hits counted
 during the reads, and ratios to our module over TCP.
+
+A second table times the modules alone, as RelStorage 4.x calls them: ``get_multi`` of one
+key (every state read) and ``set_multi`` of 50 states (a commit's batch), per call.
 """
 
 from __future__ import annotations
@@ -142,6 +145,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--objects", type=int, default=400, help="objects per round")
     parser.add_argument("--size", type=int, default=600, help="bytes of data per object")
+    parser.add_argument("--calls", type=int, default=5000, help="calls per round, modules alone")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="relstorage-bench-") as workdir:
@@ -172,6 +176,7 @@ def main() -> None:
                     cases.append(Case(name, module, servers, address, directory))
             directory = os.path.join(workdir, "none")
             cases.append(Case("no-memcached", MODULES["fastcache"], [], None, directory))
+            calls = module_calls(tcp, spellings, args)
             for case in cases:
                 case.open()
                 case.round(args.objects // 4, args.size)  # warm-up, not counted
@@ -181,6 +186,7 @@ def main() -> None:
                 for case in cases:
                     case.round(args.objects, args.size)
             report(cases, args)
+            report_calls(calls, args)
             for case in cases:
                 case.close()
         finally:
@@ -214,6 +220,76 @@ def report(cases: list[Case], args: argparse.Namespace) -> None:
             f"| {name} | {wall:.1f} | {cpu:.1f} | {wall / base.median('wall'):.2f} "
             f"| {cpu / base.median('cpu'):.2f} | {case.median('commit'):.1f} "
             f"| {case.median('hits'):.2f} |"
+        )
+
+
+def module_calls(
+    tcp: MemcachedServer, unix_spellings: dict[str, str], args: argparse.Namespace
+) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """Per call (wall µs, CPU µs) of get_multi and set_multi, by module and transport."""
+    clients = {}
+    for label, module_name in MODULES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        clients[f"{label}-tcp"] = module.Client([tcp.location])
+        clients[f"{label}-unix"] = module.Client([unix_spellings[label]])
+    key = "bench:state:285753216455680000:42"
+    value = random.randbytes(8 + args.size)
+    batch = {f"bench:state:285753216455680001:{n}": value for n in range(50)}
+    timings: dict[str, dict[str, list[tuple[float, float]]]] = {
+        name: {"get_multi": [], "set_multi": []} for name in clients
+    }
+    names = list(clients)
+    for _ in range(args.rounds):
+        random.shuffle(names)
+        for name in names:
+            client = clients[name]
+            client.set(key, value)
+            assert client.get_multi([key]) == {key: value}, name
+            for what, call, count in (
+                ("get_multi", lambda c=client: c.get_multi([key]), args.calls),
+                ("set_multi", lambda c=client: c.set_multi(batch), args.calls // 50),
+            ):
+                wall, cpu = time.perf_counter(), time.process_time()
+                for _ in range(count):
+                    call()
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                timings[name][what].append((wall / count * 1e6, cpu / count * 1e6))
+    for client in clients.values():
+        client.disconnect_all()
+    return timings
+
+
+def report_calls(
+    timings: dict[str, dict[str, list[tuple[float, float]]]], args: argparse.Namespace
+) -> None:
+    print()
+    print(
+        f"The modules alone: {args.rounds} interleaved rounds of {args.calls} get_multi calls "
+        f"(one key, {args.size + 8}-byte value) and {args.calls // 50} set_multi calls "
+        "(50 values), median round, µs per call"
+    )
+    print()
+    print(
+        "| module | get_multi wall | get_multi CPU | CPU / fastcache-tcp "
+        "| set_multi wall | set_multi CPU | CPU / fastcache-tcp |"
+    )
+    print("|---|---|---|---|---|---|---|")
+
+    def median(name: str, what: str, index: int) -> float:
+        return statistics.median(t[index] for t in timings[name][what])
+
+    for name in [f"{label}-{t}" for label in MODULES for t in ("tcp", "unix")]:
+        if name not in timings:
+            continue
+        get_cpu, set_cpu = median(name, "get_multi", 1), median(name, "set_multi", 1)
+        print(
+            f"| {name} | {median(name, 'get_multi', 0):.1f} | {get_cpu:.1f} "
+            f"| {get_cpu / median('fastcache-tcp', 'get_multi', 1):.2f} "
+            f"| {median(name, 'set_multi', 0):.1f} | {set_cpu:.1f} "
+            f"| {set_cpu / median('fastcache-tcp', 'set_multi', 1):.2f} |"
         )
 
 
