@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import importlib
 
-#: The modules a build may compile: the wire protocol, the commands, the blocking client
-#: and the backend's key and value handling.
+#: The modules a build compiles: the reply parser, the blocking client, the backend's key
+#: and value handling. Left out on purpose: the request encoders, the key rules and the
+#: command set, whose public functions take any object and answer a wrong type with the
+#: project's own typed errors (a compiled function refuses it with a bare TypeError
+#: first); and rendezvous hashing, likewise.
 HOT_MODULES = (
-    "django_fastcache.protocol.keys",
-    "django_fastcache.protocol.commands",
     "django_fastcache.protocol.parser",
-    "django_fastcache.client.hashing",
     "django_fastcache.client.cluster",
-    "django_fastcache.client.commands",
     "django_fastcache.client.blocking",
     "django_fastcache.expiry",
     "django_fastcache.serializers",

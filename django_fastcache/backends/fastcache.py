@@ -177,7 +177,8 @@ def _not_found(wire: bytes) -> ValueError:
 class FastCache(BaseCache):
     """A Django cache backend for memcached. See the configuration reference in the docs."""
 
-    def __init__(self, server: str | list[str] | tuple[str, ...], params: dict[str, Any]) -> None:
+    # ``server`` is whatever LOCATION holds: a wrong type is reported on use, not here.
+    def __init__(self, server: object, params: dict[str, Any]) -> None:
         super().__init__(params)
         # A bad configuration is refused on first use, not here: Django's own system checks
         # build every cache alias, and raising here would stop them before FastCache's check
@@ -185,7 +186,7 @@ class FastCache(BaseCache):
         self._configuration_error: str | None = None
         try:
             # Kept as given, the way Django's memcached backends keep it.
-            self._servers = parse_locations(server)
+            self._servers = parse_locations(server)  # type: ignore[arg-type]
         except (ConfigurationError, TypeError):
             self._servers = []
             self._configuration_error = (
@@ -491,7 +492,15 @@ class FastCache(BaseCache):
         return stack.blocking.delete_now(self.wire_key(key, version))
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
-        return run_blocking(self._get_many(self.blocking_client, keys, version))
+        stack = self._stack or self._shared()
+        if stack.tiered is not None:
+            return run_blocking(self._get_many(stack.blocking, keys, version))
+        originals = {self.wire_key(key, version): key for key in keys}
+        if not originals:
+            return {}
+        found = run_blocking(stack.blocking.get_many(originals))
+        loads = self._serializer.loads
+        return {originals[wire]: loads(item.value, item.flags) for wire, item in found.items()}
 
     def set_many(
         self,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import select
 import socket
 import struct
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +45,7 @@ from . import forksafe
 from .address import Address
 from .cluster import Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
+from .thread_connections import ThreadConnections
 
 # Larger replies take several reads; most take one.
 _RECV_SIZE = 64 * 1024
@@ -161,18 +161,26 @@ class BlockingConnection:
         kinds: list[ReplyKind],
         deadline: float,
         expected: list[Sequence[bytes] | None] | None = None,
+        own_deadline: bool = True,
     ) -> list[Any]:
         """The replies to requests already sent, in order (error replies included), all
         read before ``deadline`` (a ``time.monotonic()`` value). ``expected`` holds, per
-        reply, the keys a retrieval asked for."""
+        reply, the keys a retrieval asked for. ``own_deadline``: the deadline was set for
+        this exchange alone, just before its request, so the first wait may take the whole
+        timeout (as :meth:`receive_one` does); False when other nodes shared it."""
         parser = self._parser
         replies: list[Any] = []
         late_reads = 0
+        first_wait = own_deadline and self._kernel_timeout == self.timeout
         for index, kind in enumerate(kinds):
             keys = None if expected is None else expected[index]
-            reply = parser.next_reply(kind, keys)
+            # Nothing unread: there is no reply to look at before reading.
+            reply = parser.next_reply(kind, keys) if parser.unread else None
             while reply is None:
-                if self._limit_kernel_timeout(deadline):
+                if first_wait:
+                    first_wait = False
+                    self._read()
+                elif self._limit_kernel_timeout(deadline):
                     self._read()
                 else:
                     # Past the deadline (another node's reply may have used it up while this
@@ -241,29 +249,13 @@ class BlockingConnection:
         self._sock.close()
 
 
-class _ThreadConnections(threading.local):
-    """Each thread's connections, by node index."""
-
-    def __init__(self) -> None:
-        self.by_node: dict[int, BlockingConnection] = {}
-
-    def _forget_after_fork(self) -> object:
-        # Plain sockets: closing the child's copies leaves the parent's connections open.
-        # (Only the forking thread lives on in the child; other threads' entries go with
-        # their threads.)
-        for connection in self.by_node.values():
-            connection.close()
-        self.by_node = {}
-        return None
-
-
 class BlockingClient(CommandSet):
     """The commands over blocking sockets; drive its coroutines with ``run_blocking``."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._timeout = cluster.settings.timeout
-        self._local = _ThreadConnections()
+        self._local = ThreadConnections()
         # The connections, not the client, are what a forked child must drop (and a
         # compiled client cannot be weakly referenced).
         forksafe.register(self._local)
@@ -411,7 +403,8 @@ class BlockingClient(CommandSet):
             for node in sent:
                 try:
                     keys = None if expected is None else expected.get(node)
-                    results[node] = connections[node].receive(requests[node][1], deadline, keys)
+                    kinds = requests[node][1]
+                    results[node] = connections[node].receive(kinds, deadline, keys, False)
                 except FastCacheError as exc:
                     self._discard(node)
                     results[node] = exc

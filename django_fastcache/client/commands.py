@@ -122,16 +122,22 @@ class CommandSet:
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, Item]:
         """Items of the keys found: one round trip per node, the nodes asked at once."""
-        return await self._retrieve_many(keys, lambda chunk: get_command(chunk))
+        return await self._retrieve_many(keys, lambda chunk: get_command(chunk, checked=True))
 
     async def gets_many(self, keys: Iterable[bytes]) -> dict[bytes, Item]:
-        return await self._retrieve_many(keys, lambda chunk: get_command(chunk, cas=True))
+        return await self._retrieve_many(
+            keys, lambda chunk: get_command(chunk, cas=True, checked=True)
+        )
 
     async def gat_many(self, keys: Iterable[bytes], exptime: int) -> dict[bytes, Item]:
-        return await self._retrieve_many(keys, lambda chunk: gat_command(chunk, exptime))
+        return await self._retrieve_many(
+            keys, lambda chunk: gat_command(chunk, exptime, checked=True)
+        )
 
     async def gats_many(self, keys: Iterable[bytes], exptime: int) -> dict[bytes, Item]:
-        return await self._retrieve_many(keys, lambda chunk: gat_command(chunk, exptime, cas=True))
+        return await self._retrieve_many(
+            keys, lambda chunk: gat_command(chunk, exptime, cas=True, checked=True)
+        )
 
     async def _retrieve_many(
         self, keys: Iterable[bytes], encode: Callable[[Sequence[bytes]], bytes]
@@ -140,7 +146,7 @@ class CommandSet:
         if not unique:
             return {}
         for key in unique:
-            validate_key(key)  # before hashing: a str key must not reach the hash
+            validate_key(key)  # before hashing (a str key must not reach the hash), once
         requests: Requests = {}
         expected: Expected = {}
         for node, node_keys in self.cluster.group(unique).items():

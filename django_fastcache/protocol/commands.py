@@ -30,20 +30,26 @@ _CRLF = b"\r\n"
 _NOREPLY_CRLF = b" noreply\r\n"
 
 
-def get_command(keys: Sequence[bytes], *, cas: bool = False) -> bytes:
-    """``get <key>*`` (or ``gets`` with ``cas=True``, to learn each item's cas unique)."""
+def get_command(keys: Sequence[bytes], *, cas: bool = False, checked: bool = False) -> bytes:
+    """``get <key>*`` (or ``gets`` with ``cas=True``, to learn each item's cas unique).
+
+    ``checked=True`` says every key was validated already (by :func:`validate_key`)."""
     verb = b"gets " if cas else b"get "
-    # Fast path for the commonest call, a one-key list; everything else is checked in full.
-    if type(keys) is list and len(keys) == 1:
+    # Fast path for the commonest call, one key; everything else is checked in full.
+    if len(keys) == 1 and type(keys) in (list, tuple):
         return verb + validate_key(keys[0]) + _CRLF
-    return verb + _joined_keys(keys) + _CRLF
+    return verb + (b" ".join(keys) if checked else _joined_keys(keys)) + _CRLF
 
 
-def gat_command(keys: Sequence[bytes], exptime: int, *, cas: bool = False) -> bytes:
-    """``gat <exptime> <key>*``: fetch and touch (``gats`` with ``cas=True``)."""
+def gat_command(
+    keys: Sequence[bytes], exptime: int, *, cas: bool = False, checked: bool = False
+) -> bytes:
+    """``gat <exptime> <key>*``: fetch and touch (``gats`` with ``cas=True``).
+
+    ``checked=True`` says every key was validated already (by :func:`validate_key`)."""
     exptime = _checked_int("exptime", exptime, EXPTIME_MIN, EXPTIME_MAX)
     verb = b"gats %d " if cas else b"gat %d "
-    return verb % exptime + _joined_keys(keys) + _CRLF
+    return verb % exptime + (b" ".join(keys) if checked else _joined_keys(keys)) + _CRLF
 
 
 def storage_command(

@@ -125,7 +125,11 @@ class ReplyParser:
         "_waiting_kind",
     )
 
-    def __init__(self, max_value_size: int = 1024 * 1024, max_line_length: int = 8192) -> None:
+    # The limits are typed ``object``: the checks below give a ConfigurationError for a
+    # wrong type, where a compiled build would raise a bare TypeError at the call.
+    def __init__(
+        self, max_value_size: object = 1024 * 1024, max_line_length: object = 8192
+    ) -> None:
         if isinstance(max_value_size, bool) or not isinstance(max_value_size, int):
             raise ConfigurationError("max_value_size must be an int")
         if isinstance(max_line_length, bool) or not isinstance(max_line_length, int):
