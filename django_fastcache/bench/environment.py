@@ -12,6 +12,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .. import compiled
+
 # Distributions whose versions a reader needs to compare runs.
 LIBRARIES: tuple[str, ...] = (
     "Django",
@@ -78,6 +80,7 @@ def machine_fields() -> list[tuple[str, str]]:
         ("Machine", f"{platform.platform()}, {os.cpu_count()} CPUs, {cpu_model()}"),
         ("Python", f"{platform.python_implementation()} {sys.version.split()[0]}"),
         ("Libraries", ", ".join(f"{name} {package_version(name)}" for name in LIBRARIES)),
+        ("FastCache build", compiled.describe()),
         (
             "Servers",
             f"memcached {server_version('memcached')}, "
