@@ -7,6 +7,7 @@ arguments into :class:`BenchOptions` and call :func:`run`.
 from __future__ import annotations
 
 import datetime
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -289,6 +290,16 @@ def report_document(report: Report, options: BenchOptions) -> dict[str, Any]:
     }
 
 
+def plot_subtitle(options: BenchOptions) -> str:
+    """What a chart shows beyond its bars: the machine, the load, how to read it."""
+    workload = options.workload
+    cpus = os.cpu_count() or 1
+    return (
+        f"{environment.cpu_model()}, {cpus} CPU{'s' if cpus > 1 else ''}; "
+        f"{workload.procs} processes x {workload.ops:,} ops; lower is better"
+    )
+
+
 def run(
     options: BenchOptions,
     out: Stream,
@@ -312,6 +323,8 @@ def run(
         for line in skip_lines(outcomes):
             out.write(line + "\n\n")
         out.flush()
+        err.write(f"Results will be written to {options.output_dir}\n")
+        err.flush()
         for outcome in outcomes:
             if outcome.skipped is not None:
                 continue
@@ -332,8 +345,11 @@ def run(
         from django_fastcache.bench.plots import PlottingUnavailable, plot_all
 
         try:
-            report.files += plot_all(report.measured, directory, list(report.skipped))
+            report.files += plot_all(
+                report.measured, directory, list(report.skipped), subtitle=plot_subtitle(options)
+            )
         except PlottingUnavailable as exc:
             out.write(f"No plots: {exc}\n")
-    out.write("Results: " + ", ".join(str(path) for path in report.files) + "\n")
+    written = ", ".join(path.name for path in report.files)
+    out.write(f"Results in {directory}: {written}\n")
     return report

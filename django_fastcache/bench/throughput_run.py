@@ -127,6 +127,8 @@ def run_throughput(
         for line in skip_lines(outcomes):
             out.write(line + "\n\n")
         out.flush()
+        err.write(f"Results will be written to {options.output_dir}\n")
+        err.flush()
         for outcome in outcomes:
             if outcome.skipped is not None:
                 continue
@@ -158,5 +160,5 @@ def run_throughput(
             [{key: value for key, value in r.items() if key != "steps"} for r in records],
         ),
     ]
-    out.write("Results: " + ", ".join(str(path) for path in files) + "\n")
+    out.write(f"Results in {directory}: {', '.join(path.name for path in files)}\n")
     return document

@@ -45,6 +45,15 @@ class _Verbatim:
         return bool(self._wrapper.isatty())
 
 
+def output_directory(given: Path | None) -> Path:
+    """--output-dir, else the project's CACHEBENCH_OUTPUT_DIR, else ./cachebench-results;
+    absolute, so that the path printed is the one written whatever the working directory."""
+    from django.conf import settings
+
+    chosen = given or getattr(settings, "CACHEBENCH_OUTPUT_DIR", None) or harness.DEFAULT_OUTPUT_DIR
+    return Path(chosen).expanduser().absolute()
+
+
 class Command(BaseCommand):
     help = (
         "Benchmark Django cache backends with the method of DiskCache's DjangoCache "
@@ -70,8 +79,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--output-dir",
             type=Path,
-            default=harness.DEFAULT_OUTPUT_DIR,
-            help="where results.json, results.csv and the PNGs go (default ./cachebench-results)",
+            help="where results.json, results.csv and the PNGs go (default: the "
+            "CACHEBENCH_OUTPUT_DIR setting, else ./cachebench-results); printed at the start",
         )
         parser.add_argument("--no-plot", action="store_true", help="write no PNG files")
         parser.add_argument(
@@ -121,7 +130,7 @@ class Command(BaseCommand):
         )
         bench = harness.BenchOptions(
             backends=backends,
-            output_dir=options["output_dir"],
+            output_dir=output_directory(options["output_dir"]),
             plot=not options["no_plot"],
             progress=not options["no_progress"],
             start_method=options["start_method"],
