@@ -124,7 +124,7 @@ class Client(CommandSet):
         deadline = pool.loop.time() + self.timeout
         connection = await self._acquire(pool, deadline)
         try:
-            future = connection.request(data, kind, deadline)
+            future = connection.request(data, kind, deadline, keys)
         except FastCacheError:
             pool.release(connection)
             raise
@@ -147,11 +147,17 @@ class Client(CommandSet):
             raise reply
         return reply
 
-    async def _pipeline(self, pool: Pool, data: bytes, kinds: list[ReplyKind]) -> list[Any]:
+    async def _pipeline(
+        self,
+        pool: Pool,
+        data: bytes,
+        kinds: list[ReplyKind],
+        expected: list[Sequence[bytes] | None] | None,
+    ) -> list[Any]:
         deadline = pool.loop.time() + self.timeout
         connection = await self._acquire(pool, deadline)
         try:
-            futures = connection.request_many(data, kinds, deadline)
+            futures = connection.request_many(data, kinds, deadline, expected)
         except FastCacheError:
             pool.release(connection)
             raise
@@ -172,7 +178,11 @@ class Client(CommandSet):
         pools = self._pools()
         nodes = list(requests)
         outcomes = await asyncio.gather(
-            *[self._pipeline(pools[n], *requests[n]) for n in nodes], return_exceptions=True
+            *[
+                self._pipeline(pools[n], *requests[n], None if expected is None else expected[n])
+                for n in nodes
+            ],
+            return_exceptions=True,
         )
         results: Replies = {}
         for node, outcome in zip(nodes, outcomes):

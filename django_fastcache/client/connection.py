@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, cast
 
 from ..errors import ConnectionLostError, FastCacheError, OperationTimeoutError, ProtocolError
@@ -38,7 +39,10 @@ class Connection(asyncio.Protocol):
         self._loop = loop
         self.address = address
         self._parser = ReplyParser(max_value_size=max_value_size)
-        self._pending: deque[tuple[asyncio.Future[Any], ReplyKind]] = deque()
+        # Each pending reply: its future, its kind, and a retrieval's keys (else None).
+        self._pending: deque[tuple[asyncio.Future[Any], ReplyKind, Sequence[bytes] | None]] = (
+            deque()
+        )
         # The deadline of each pending reply, oldest first (kept beside _pending).
         self._deadlines: deque[float] = deque()
         # At most one timer per connection, armed for the oldest pending deadline and
@@ -61,9 +65,9 @@ class Connection(asyncio.Protocol):
             return
         parser.feed(data)
         while pending:
-            future, kind = pending[0]
+            future, kind, keys = pending[0]
             try:
-                reply = parser.next_reply(kind)
+                reply = parser.next_reply(kind, keys)
             except ProtocolError as exc:
                 self.abort(exc)
                 return
@@ -95,15 +99,22 @@ class Connection(asyncio.Protocol):
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def request(self, data: bytes, kind: ReplyKind, deadline: float) -> asyncio.Future[Any]:
-        """Write one request; the future resolves to its parsed reply.
+    def request(
+        self,
+        data: bytes,
+        kind: ReplyKind,
+        deadline: float,
+        keys: Sequence[bytes] | None = None,
+    ) -> asyncio.Future[Any]:
+        """Write one request; the future resolves to its parsed reply. ``keys``: those a
+        retrieval asked for (an item for any other key breaks the protocol).
 
         If the reply has not come by ``deadline`` (the loop's clock), the connection is
         aborted and every pending request fails with :class:`OperationTimeoutError`."""
         if self._closed_error is not None or self._transport is None:
             raise self._closed_error or ConnectionLostError("connection is closed")
         future: asyncio.Future[Any] = self._loop.create_future()
-        self._pending.append((future, kind))
+        self._pending.append((future, kind, keys))
         self._deadlines.append(deadline)
         if self._watchdog is None:
             self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
@@ -111,14 +122,20 @@ class Connection(asyncio.Protocol):
         return future
 
     def request_many(
-        self, data: bytes, kinds: list[ReplyKind], deadline: float
+        self,
+        data: bytes,
+        kinds: list[ReplyKind],
+        deadline: float,
+        expected: list[Sequence[bytes] | None] | None = None,
     ) -> list[asyncio.Future[Any]]:
-        """Write several requests in one write; one future per reply, in order."""
+        """Write several requests in one write; one future per reply, in order.
+        ``expected``: per reply, the keys a retrieval asked for."""
         if self._closed_error is not None or self._transport is None:
             raise self._closed_error or ConnectionLostError("connection is closed")
         create = self._loop.create_future
         futures: list[asyncio.Future[Any]] = [create() for _ in kinds]
-        self._pending.extend(zip(futures, kinds))
+        keys = expected if expected is not None else [None] * len(kinds)
+        self._pending.extend(zip(futures, kinds, keys))
         self._deadlines.extend([deadline] * len(kinds))
         if self._watchdog is None:
             self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
@@ -166,6 +183,6 @@ class Connection(asyncio.Protocol):
         self._deadlines.clear()
         pending = self._pending
         while pending:
-            future, _kind = pending.popleft()
+            future, _kind, _keys = pending.popleft()
             if not future.done():
                 future.set_exception(error)

@@ -47,14 +47,19 @@ def blocking_client(location: str, **settings: float) -> BlockingClient:
 
 # -- replies checked against the request -----------------------------------------------------
 def test_a_get_answered_with_another_keys_item_fails_and_drops_the_connection(
-    forging: FakeMemcached,
+    run: Runner, forging: FakeMemcached
 ) -> None:
-    client = blocking_client(forging.location)
-    with pytest.raises(ProtocolError, match="not asked for"):
-        run_blocking(client.get(b"asked"))
-    # The next call has a connection of its own, in step, and gets its own item.
-    assert run_blocking(client.get(b"asked")).value == b"mine"  # type: ignore[union-attr]
-    assert forging.wait_for(lambda: forging.closed_by_client == [1])
+    async def scenario(client: CommandSet) -> None:
+        with pytest.raises(ProtocolError, match="not asked for"):
+            await client.get(b"asked")
+        # The next call has a connection of its own, in step, and gets its own item.
+        item = await client.get(b"asked")
+        assert item is not None
+        assert item.value == b"mine"
+
+    run([forging.location], scenario)
+    assert forging.wait_for(lambda: 1 in forging.closed_by_client)
+    assert forging.accepted == 2
 
 
 def test_the_flat_get_checks_the_key_too(forging: FakeMemcached) -> None:
@@ -64,19 +69,24 @@ def test_the_flat_get_checks_the_key_too(forging: FakeMemcached) -> None:
     assert client.get_now(b"absent") is None
 
 
-def test_get_many_refuses_an_item_nobody_asked_for(forging: FakeMemcached) -> None:
-    client = blocking_client(forging.location)
-    with pytest.raises(ProtocolError, match="not asked for"):
-        run_blocking(client.get_many([b"asked", b"other"]))
+def test_get_many_refuses_an_item_nobody_asked_for(run: Runner, forging: FakeMemcached) -> None:
+    async def scenario(client: CommandSet) -> None:
+        with pytest.raises(ProtocolError, match="not asked for"):
+            await client.get_many([b"asked", b"other"])
+
+    run([forging.location], scenario)
 
 
-def test_get_many_refuses_the_same_key_twice() -> None:
+def test_get_many_refuses_the_same_key_twice(run: Runner) -> None:
     twice = b"VALUE asked 0 4\r\nmine\r\nVALUE asked 0 4\r\nmine\r\nEND\r\n"
     with FakeMemcached(values=VALUES, garbage=twice) as fake:
         fake.script(Action.GARBAGE)
-        client = blocking_client(fake.location)
-        with pytest.raises(ProtocolError, match="already answered"):
-            run_blocking(client.get_many([b"asked", b"victim"]))
+
+        async def scenario(client: CommandSet) -> None:
+            with pytest.raises(ProtocolError, match="already answered"):
+                await client.get_many([b"asked", b"victim"])
+
+        run([fake.location], scenario)
 
 
 # -- servers that never finish ---------------------------------------------------------------
