@@ -104,6 +104,9 @@ class _Shared:
         # Node index -> time.monotonic() until which the node is skipped. Values are
         # system-wide, so a forked child inherits a correct view.
         self.down_until: dict[int, float] = {}
+        # Nodes that failed and have not answered since: one warning per outage, not one
+        # per retry.
+        self.failing: set[int] = set()
 
     def usable(self, node: int) -> bool:
         until = self.down_until.get(node)
@@ -111,20 +114,25 @@ class _Shared:
             return True
         if time.monotonic() >= until:
             self.down_until.pop(node, None)
-            log.info("retrying memcached node %s", self.cluster.node_ids[node])
             return True
         return False
 
     def failed(self, node: int, error: BaseException) -> None:
-        was_up = node not in self.down_until
         self.down_until[node] = time.monotonic() + self.settings.retry_after
-        if was_up:
+        if node not in self.failing:
+            self.failing.add(node)
             log.warning(
-                "memcached node %s failed (%s); its keys are misses for %ss",
+                "memcached node %s failed (%s); its keys are misses, retried every %ss",
                 self.cluster.node_ids[node],
                 error,
                 self.settings.retry_after,
             )
+
+    def answered(self, node: int) -> None:
+        """Called after a reply from a node while some node is failing."""
+        if node in self.failing:
+            self.failing.discard(node)
+            log.warning("memcached node %s answers again", self.cluster.node_ids[node])
 
 
 # One entry per (servers, settings): dict operations are atomic under the GIL, so no lock
@@ -215,6 +223,8 @@ class Client:
         except FastCacheError as exc:
             shared.failed(node, exc)
             return None
+        if shared.failing:
+            shared.answered(node)
         return None if item is None else _decode(item)
 
     def get_multi(self, keys: Iterable[str]) -> dict[str, bytes | int] | None:
@@ -280,7 +290,7 @@ class Client:
             if not shared.usable(node):
                 return None
             try:
-                return shared.client.store_now(verb, wire, data, flags, 0)
+                stored = shared.client.store_now(verb, wire, data, flags, 0)
             except CommandError as exc:
                 # Too large, most often; the connection stays in step.
                 log.debug("%s %r refused: %s", verb.decode(), key, exc)
@@ -288,6 +298,9 @@ class Client:
             except FastCacheError as exc:
                 shared.failed(node, exc)
                 return None
+            if shared.failing:
+                shared.answered(node)
+            return stored
         except Exception:
             log.exception("%s %r failed", verb.decode(), key)
             return None
@@ -430,6 +443,8 @@ def _answered(shared: _Shared, requests: Requests, expected: Expected | None) ->
             shared.failed(node, replies)
         else:
             answered[node] = replies
+            if shared.failing:
+                shared.answered(node)
     return answered
 
 

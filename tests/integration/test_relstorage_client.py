@@ -17,7 +17,6 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -57,7 +56,7 @@ def raw(location: str) -> BlockingClient:
 
 
 @pytest.fixture
-def own_memcached(tmp_path: Path) -> Iterator[MemcachedServer]:
+def own_memcached() -> Iterator[MemcachedServer]:
     """A TCP memcached of the test's own, free to be killed or stopped."""
     server = MemcachedServer()
     server.start()
@@ -308,10 +307,13 @@ def timed(call: object) -> tuple[object, float]:
     return result, time.monotonic() - started
 
 
-def test_dead_node_gives_misses_and_comes_back(own_memcached: MemcachedServer) -> None:
+def test_dead_node_gives_misses_and_comes_back(
+    own_memcached: MemcachedServer, caplog: pytest.LogCaptureFixture
+) -> None:
     client = Quick([own_memcached.location])
     assert client.set("k", b"v") is True
     own_memcached.kill()
+    caplog.set_level(logging.WARNING, logger=LOGGER)
     for call in (
         lambda: client.get("k"),
         lambda: client.get_multi(["k"]),
@@ -327,6 +329,11 @@ def test_dead_node_gives_misses_and_comes_back(own_memcached: MemcachedServer) -
     own_memcached.restart()
     assert client.set("k", b"back") is True
     assert client.get("k") == b"back"
+    # Every call above retried the node (retry_after 0), yet one outage is one warning.
+    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(messages) == 2, messages
+    assert "failed" in messages[0]
+    assert messages[1] == f"memcached node {own_memcached.location} answers again"
 
 
 def test_hung_node_costs_one_timeout_then_is_skipped(
@@ -361,7 +368,7 @@ def test_garbage_reply_is_a_miss_and_the_connection_is_replaced() -> None:
         assert fake.accepted == 2
 
 
-def test_one_node_down_leaves_the_others_answering(tmp_path: Path) -> None:
+def test_one_node_down_leaves_the_others_answering() -> None:
     servers = [MemcachedServer().start() for _ in range(3)]
     try:
         client = Skipping([s.location for s in servers])
@@ -380,7 +387,7 @@ def test_one_node_down_leaves_the_others_answering(tmp_path: Path) -> None:
             server.stop()
 
 
-def test_several_nodes_hung_cost_one_shared_timeout(tmp_path: Path) -> None:
+def test_several_nodes_hung_cost_one_shared_timeout() -> None:
     servers = [MemcachedServer().start() for _ in range(3)]
     try:
         client = Skipping([s.location for s in servers])
