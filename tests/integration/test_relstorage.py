@@ -307,3 +307,43 @@ def test_zodb_keeps_working_when_memcached_dies_or_hangs(
     finally:
         if failure == "hang":
             victim.resume()
+
+
+# -- configuration as zope.conf gives it ---------------------------------------------------
+
+
+def test_zconfig_relstorage_section_uses_the_module(
+    tmp_path: Path, memcached_cluster: MemcachedCluster
+) -> None:
+    import transaction
+    import ZODB.config
+    from ZODB.utils import u64
+
+    tcp, unix = memcached_cluster.tcp[0], memcached_cluster.unix
+    config = f"""
+    %import relstorage
+    <zodb main>
+      <relstorage>
+        cache-servers {tcp.pylibmc_location} {unix.pylibmc_location}
+        cache-module-name {MODULE}
+        cache-prefix {PREFIX}
+        <sqlite3>
+          data-dir {tmp_path / "db"}
+        </sqlite3>
+      </relstorage>
+    </zodb>
+    """
+    db = ZODB.config.databaseFromString(config)
+    try:
+        manager = transaction.TransactionManager()
+        connection = db.open(transaction_manager=manager)
+        connection.root()["x"] = marker = b"zconfig-" + os.urandom(8)
+        manager.commit()
+        root = connection.root()
+        key = state_key(u64(root._p_oid), u64(root._p_serial))
+        item = run_blocking(raw([tcp.location, unix.location]).get(key))
+        assert item is not None
+        assert marker in item.value
+        connection.close()
+    finally:
+        db.close()
