@@ -6,6 +6,9 @@ per-view cache, the template fragment cache and the sessions):
     locmem | filebased | memcached (alias: pylibmc) | pymemcache | redis | diskcache |
     fastcache (memcached only) | fastcache-tiered (with its disk tier)
 
+Without it: ``fastcache-tiered`` when memcached answers at ``EXAMPLE_MEMCACHED``, else
+``locmem`` (see cache_choice.py). The WSGI entry point (gunicorn, and runserver, which loads it) prints the choice.
+
 The servers come from ``EXAMPLE_MEMCACHED`` (``host:port`` or ``unix:/path``, default
 127.0.0.1:11211) and ``EXAMPLE_REDIS`` (default redis://127.0.0.1:6379/1); directory-based
 caches live under ``EXAMPLE_CACHE_DIR``.
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+
+from example_project import cache_choice
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -113,7 +118,8 @@ CACHE_BACKENDS: dict[str, dict[str, Any]] = {
 }
 CACHE_BACKENDS["pylibmc"] = CACHE_BACKENDS["memcached"]
 
-EXAMPLE_CACHE = os.environ.get("EXAMPLE_CACHE", "locmem")
+CACHE_CHOICE = cache_choice.choose(os.environ, MEMCACHED)
+EXAMPLE_CACHE = CACHE_CHOICE.name
 if EXAMPLE_CACHE not in CACHE_BACKENDS:
     raise ImproperlyConfigured(
         f"EXAMPLE_CACHE={EXAMPLE_CACHE!r}; choose one of {', '.join(sorted(CACHE_BACKENDS))}"
@@ -128,3 +134,6 @@ CACHES = {"default": CACHE_BACKENDS[EXAMPLE_CACHE]}
 CACHEBENCH_BACKENDS: dict[str, Any] = (
     {"site": "default"} if os.environ.get("EXAMPLE_BENCH_SITE_CACHE") == "1" else {}
 )
+# Results (tables as JSON and CSV, plots) in the checkout's cachebench-results/, whatever
+# directory the command was started from; --output-dir overrides it.
+CACHEBENCH_OUTPUT_DIR = BASE_DIR.parent / "cachebench-results"

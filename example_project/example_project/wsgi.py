@@ -1,4 +1,4 @@
-"""WSGI entry point, for a server other than runserver (gunicorn example_project.wsgi)."""
+"""WSGI entry point: gunicorn example_project.wsgi, and runserver, which loads it too."""
 
 from __future__ import annotations
 
@@ -8,3 +8,11 @@ from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
 application = get_wsgi_application()
+
+from django.conf import settings  # noqa: E402  (configured by the line above)
+
+from example_project import cache_choice  # noqa: E402
+
+# Which cache this site runs on, in the server's log: once under runserver (which loads
+# this module), once per worker process under gunicorn.
+cache_choice.announce(settings.CACHE_CHOICE, settings.CACHES["default"])

@@ -43,6 +43,6 @@ def load_product(pk: int) -> Product:
 def category_counts() -> dict[str, int]:
     """A report over the whole catalogue: expensive enough that only a cache makes it cheap."""
     counts = dict.fromkeys(CATEGORIES, 0)
-    for pk in range(1, PRODUCTS + 1, 10):
-        counts[load_product(pk).category] += 10
+    for pk in range(1, PRODUCTS + 1):
+        counts[load_product(pk).category] += 1
     return counts
