@@ -18,6 +18,10 @@ free). Left free on this 2-vCPU VM, each case settled into one of two modes at r
 slow); on one CPU the figures repeat, and every round trip is paid for as under cachebench's
 eight busy processes, where no CPU is idle.
 
+``--baseline REV`` adds FastCache as it was at git revision REV (say, the last release)
+to the same run, for before/after figures side by side: its package is extracted from
+git under another name (``fastcache_baseline``) and imported beside the current one.
+
 Operations: get (hit), get (miss), set, add (of a key that exists: a NOT_STORED round
 trip), delete (of a missing key), incr, get_many of 10 keys, set_many of 10 keys; 100-byte
 values. Subjects: the raw clients (FastCache's ``BlockingClient`` and async ``Client``,
@@ -30,11 +34,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import io
 import json
 import os
 import platform
 import random
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -97,10 +105,52 @@ def pin_to_one_cpu(server: MemcachedServer) -> int:
     return cpu
 
 
-def configure_django(location: str, disk_directory: str) -> None:
+BASELINE_PACKAGE = "fastcache_baseline"
+
+
+def install_baseline(revision: str, directory: str) -> str:
+    """Extract the package at ``revision`` as :data:`BASELINE_PACKAGE` into ``directory``
+    and put it on sys.path; returns the revision's short name."""
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    archive = subprocess.run(
+        ["git", "-C", repository, "archive", revision, "django_fastcache"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(directory, filter="data")
+    root = os.path.join(directory, BASELINE_PACKAGE)
+    os.rename(os.path.join(directory, "django_fastcache"), root)
+    # Its absolute imports name the package: point them at the copy.
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as file:
+                    text = file.read()
+                with open(path, "w") as file:
+                    file.write(text.replace("django_fastcache", BASELINE_PACKAGE))
+    sys.path.insert(0, directory)
+    return subprocess.run(
+        ["git", "-C", repository, "rev-parse", "--short", revision],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def configure_django(location: str, disk_directory: str, baseline: str | None) -> None:
     memcached = {"LOCATION": location}
+    extra = {}
+    if baseline is not None:
+        extra[f"FastCache @{baseline}"] = {
+            "BACKEND": f"{BASELINE_PACKAGE}.backends.FastCache",
+            "OPTIONS": {"disk_tier": False},
+            **memcached,
+        }
     settings.configure(
         CACHES={
+            **extra,
             "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
             "FastCache": {
                 "BACKEND": "django_fastcache.backends.FastCache",
@@ -131,7 +181,8 @@ def django_cases(loop: asyncio.AbstractEventLoop) -> list[Case]:
     keys = [f"k{i}" for i in range(MANY)]
     mapping = dict.fromkeys(keys, TEXT_VALUE)
     cases: list[Case] = []
-    for name in ("FastCache", "FastCache tiered", "PyLibMCCache", "PyMemcacheCache"):
+    names = [name for name in settings.CACHES if name != "default"]
+    for name in names:
         cache = caches[name]
         cache.set_many(mapping)
         cache.set("counter", 1)
@@ -147,7 +198,7 @@ def django_cases(loop: asyncio.AbstractEventLoop) -> list[Case]:
         }
         for operation, call in sync.items():
             cases.append(Case(f"django {name}", operation, timed_sync(call)))
-        if name in ("FastCache", "PyLibMCCache"):
+        if name in ("FastCache", "PyLibMCCache") or name.startswith("FastCache @"):
             asynchronous: dict[str, Callable[[], Awaitable[object]]] = {
                 "get": lambda c=cache: c.aget("k0"),
                 "set": lambda c=cache: c.aset("k1", TEXT_VALUE),
@@ -158,7 +209,9 @@ def django_cases(loop: asyncio.AbstractEventLoop) -> list[Case]:
     return cases
 
 
-def raw_cases(server: MemcachedServer, loop: asyncio.AbstractEventLoop) -> list[Case]:
+def raw_cases(
+    server: MemcachedServer, loop: asyncio.AbstractEventLoop, baseline: str | None
+) -> list[Case]:
     import pylibmc
     import pymemcache
 
@@ -238,7 +291,32 @@ def raw_cases(server: MemcachedServer, loop: asyncio.AbstractEventLoop) -> list[
         },
     )
     cases.extend(meta_memcache_cases(server, keys))
+    if baseline is not None:
+        cases.extend(baseline_raw_cases(location, baseline, keys, triples))
     return cases
+
+
+def baseline_raw_cases(
+    location: str, baseline: str, keys: list[bytes], triples: list[tuple[bytes, bytes, int]]
+) -> list[Case]:
+    """The baseline's BlockingClient, through the sync bridge (it had no plain calls)."""
+    bridge = importlib.import_module(f"{BASELINE_PACKAGE}.bridge")
+    client_module = importlib.import_module(f"{BASELINE_PACKAGE}.client")
+    blocking_module = importlib.import_module(f"{BASELINE_PACKAGE}.client.blocking")
+    run = bridge.run_blocking
+    old = blocking_module.BlockingClient(client_module.Client([location]).cluster)
+    calls: dict[str, Callable[[], object]] = {
+        "get": lambda: run(old.get(b"raw0")),
+        "get_miss": lambda: run(old.get(b"absent")),
+        "set": lambda: run(old.set(b"raw1", VALUE)),
+        "add": lambda: run(old.add(b"raw2", VALUE)),
+        "delete": lambda: run(old.delete(b"absent")),
+        "incr": lambda: run(old.incr(b"counter")),
+        "get_many": lambda: run(old.get_many(keys)),
+        "set_many": lambda: run(old.set_many(triples)),
+    }
+    subject = f"raw FastCache BlockingClient @{baseline}"
+    return [Case(subject, op, timed_sync(call)) for op, call in calls.items()]
 
 
 def meta_memcache_cases(server: MemcachedServer, byte_keys: list[bytes]) -> list[Case]:
@@ -308,6 +386,14 @@ REFERENCES = {
 }
 
 
+def reference_of(subject: str) -> str | None:
+    if "@" in subject:  # the baseline, against the same reference as today's FastCache
+        if subject.startswith("raw"):
+            return "raw pylibmc"
+        return "django PyLibMCCache async" if subject.endswith("async") else "django PyLibMCCache"
+    return REFERENCES.get(subject)
+
+
 def _subject_order(subject: str) -> tuple[int, str]:
     # References first, then FastCache, then the other peers.
     rank = 0 if subject in REFERENCES.values() else 1 if "FastCache" in subject else 2
@@ -324,7 +410,7 @@ def report(best: dict[tuple[str, str], tuple[float, float]]) -> None:
         print(header)
         for subject in subjects:
             cells = []
-            reference = REFERENCES.get(subject)
+            reference = reference_of(subject)
             for op in operations:
                 mine = best.get((subject, op))
                 if mine is None:
@@ -346,15 +432,19 @@ def main() -> None:
     parser.add_argument(
         "--no-pin", action="store_true", help="leave the benchmark and memcached on any CPU"
     )
+    parser.add_argument("--baseline", metavar="REV", help="also FastCache at git revision REV")
     args = parser.parse_args()
 
     import uvloop
 
     with MemcachedServer() as server, tempfile.TemporaryDirectory() as directory:
         pinned = "not pinned" if args.no_pin else f"pinned to CPU {pin_to_one_cpu(server)}"
-        configure_django(server.location, directory)
+        baseline = None
+        if args.baseline:
+            baseline = install_baseline(args.baseline, os.path.join(directory, "baseline"))
+        configure_django(server.location, directory, baseline)
         loop = uvloop.new_event_loop()
-        cases = raw_cases(server, loop) + django_cases(loop)
+        cases = raw_cases(server, loop, baseline) + django_cases(loop)
         if args.only:
             wanted = set(args.only.split(","))
             cases = [case for case in cases if case.operation in wanted]
