@@ -139,8 +139,16 @@ class _Shared:
 # (a lock held by another thread at fork() would stay locked in the child). Two threads
 # racing to build the same entry build two, and one wins: harmless.
 _shared: dict[tuple[tuple[str, ...], RelStorageSettings], _Shared] = {}
-# Configurations already reported as unusable, so a Client per connection logs once.
-_reported: set[tuple[str, ...]] = set()
+# Problems already logged: RelStorage builds a Client per connection, and each would
+# otherwise log the same configuration problem again.
+_reported: set[str] = set()
+
+
+def _report_once(level: int, message: str, *args: object) -> None:
+    text = message % args
+    if text not in _reported:
+        _reported.add(text)
+        log.log(level, "%s", text)
 
 
 class Client:
@@ -172,10 +180,7 @@ class Client:
                 shared = _shared.setdefault(key, _build(names, settings))
             self._shared = shared
         except Exception as exc:
-            report = tuple(servers) if not isinstance(servers, str) else (servers,)
-            if report not in _reported:
-                _reported.add(report)
-                log.error("memcached cache disabled for servers %r: %s", servers, exc)
+            _report_once(logging.ERROR, "memcached cache disabled for servers %r: %s", servers, exc)
 
     @classmethod
     def _settings(cls) -> RelStorageSettings:
@@ -454,11 +459,17 @@ def _server_names(servers: Iterable[str] | str) -> tuple[str, ...]:
         pieces: Iterable[str] = re.split(r"[\s,;]+", servers)
     else:
         pieces = servers
-    names = tuple(str(piece).strip() for piece in pieces)
+    names = tuple(_text(piece).strip() for piece in pieces)
     names = tuple(name for name in names if name)
     if not names:
         raise ValueError("no memcached servers given (cache-servers)")
     return names
+
+
+def _text(piece: object) -> str:
+    if not isinstance(piece, str):
+        raise TypeError(f"a server must be a string, got {piece!r}")
+    return piece
 
 
 def _adapt_address(name: str) -> str:
@@ -514,9 +525,9 @@ def _from_environment(name: str, default: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        log.warning("%s=%r is not a number; using %s", name, text, default)
+        _report_once(logging.WARNING, "%s=%r is not a number; using %s", name, text, default)
         return default
     if value < 0 or value != value:
-        log.warning("%s=%r must not be negative; using %s", name, text, default)
+        _report_once(logging.WARNING, "%s=%r must not be negative; using %s", name, text, default)
         return default
     return value

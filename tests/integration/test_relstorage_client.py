@@ -17,6 +17,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -233,9 +234,11 @@ def test_server_spellings(memcached_cluster: MemcachedCluster) -> None:
     assert both._shared.cluster.node_ids == (tcp.location, f"unix:{unix.socket_path}")
 
 
-@pytest.mark.parametrize("servers", [["nonsense:::"], [], "", ["host:99999"], [" "]])
+@pytest.mark.parametrize(
+    "servers", [["nonsense:::"], [], "", ["host:99999"], [" "], None, 11211, [None]]
+)
 def test_unusable_configuration_is_logged_not_raised(
-    servers: list[str] | str, caplog: pytest.LogCaptureFixture
+    servers: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     relstorage._reported.clear()
     with caplog.at_level(logging.ERROR, logger=LOGGER):
@@ -278,15 +281,18 @@ def test_settings_from_environment_and_subclass(monkeypatch: pytest.MonkeyPatch)
 def test_bad_environment_values_fall_back_to_defaults(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    relstorage._reported.clear()
     monkeypatch.setenv("FASTCACHE_RELSTORAGE_TIMEOUT", "soon")
     monkeypatch.setenv("FASTCACHE_RELSTORAGE_RETRY_AFTER", "-1")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         settings = relstorage.Client(["127.0.0.1:11211"]).settings
+        relstorage.Client(["127.0.0.1:11211"])  # a Client per connection: no new warnings
     assert settings is not None
     assert (settings.timeout, settings.retry_after) == (0.5, 2.0)
-    messages = " ".join(r.getMessage() for r in caplog.records)
-    assert "FASTCACHE_RELSTORAGE_TIMEOUT" in messages
-    assert "FASTCACHE_RELSTORAGE_RETRY_AFTER" in messages
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "FASTCACHE_RELSTORAGE_TIMEOUT" in messages[0]
+    assert "FASTCACHE_RELSTORAGE_RETRY_AFTER" in messages[1]
 
 
 def test_zero_timeout_disables_instead_of_raising(monkeypatch: pytest.MonkeyPatch) -> None:
