@@ -21,11 +21,27 @@ from django_fastcache.protocol.commands import (
     version_command,
 )
 from django_fastcache.protocol.keys import MAX_KEY_LENGTH, key_problem, validate_key
+from django_fastcache.protocol.meta import (
+    MetaReply,
+    MetaResult,
+    MetaStatus,
+    MetaUnsupportedError,
+    meta_arithmetic_command,
+    meta_delete_command,
+    meta_get_command,
+    meta_noop_command,
+    meta_set_command,
+    read_meta_replies,
+)
 from django_fastcache.protocol.parser import Item, Reply, ReplyKind, ReplyParser, Status
 
 __all__ = [
     "MAX_KEY_LENGTH",
     "Item",
+    "MetaReply",
+    "MetaResult",
+    "MetaStatus",
+    "MetaUnsupportedError",
     "Reply",
     "ReplyKind",
     "ReplyParser",
@@ -39,6 +55,12 @@ __all__ = [
     "get_command",
     "incr_command",
     "key_problem",
+    "meta_arithmetic_command",
+    "meta_delete_command",
+    "meta_get_command",
+    "meta_noop_command",
+    "meta_set_command",
+    "read_meta_replies",
     "stats_command",
     "storage_command",
     "touch_command",

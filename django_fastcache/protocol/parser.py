@@ -46,6 +46,7 @@ class ReplyKind(enum.IntEnum):
     OK = 5  # flush_all, verbosity, cache_memlimit: OK
     VERSION = 6  # version: VERSION <text>
     STATS = 7  # stats: STAT <name> <value> lines, then END
+    META = 8  # mg/ms/md/ma ending in mn: meta replies up to MN (protocol/meta.py)
 
 
 class Status(enum.Enum):
@@ -415,6 +416,20 @@ class ReplyParser:
                 return stats
             return self._error_line(pos, end, "stats")
 
+    def _read_meta(self) -> Reply | None:
+        # A list of MetaReply or CommandError, read by meta.py (imported here to keep it a
+        # module of its own); _scan keeps its progress between calls.
+        from django_fastcache.protocol.meta import read_meta_replies
+
+        try:
+            replies, self._pos, self._scan = read_meta_replies(
+                self._buffer, self._pos, self._scan, self._max_value_size, self._max_line_length
+            )
+        except ProtocolError as exc:
+            self._fail(str(exc))
+            raise
+        return replies  # type: ignore[return-value]
+
     # -- shared steps ----------------------------------------------------------------------
 
     def _read_status(
@@ -508,6 +523,7 @@ _READERS = (
     ReplyParser._read_ok,
     ReplyParser._read_version,
     ReplyParser._read_stats,
+    ReplyParser._read_meta,
 )
 
 
