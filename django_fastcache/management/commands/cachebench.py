@@ -59,7 +59,8 @@ class Command(BaseCommand):
         "Benchmark Django cache backends with the method of DiskCache's DjangoCache "
         "benchmark (8 processes x 100,000 operations by default) and print median/P90/P99 "
         "per operation. memcached and redis are started on loopback when the project does "
-        "not configure a row."
+        "not configure a row. The full default run takes about 11 minutes on 2 CPUs; "
+        "--quick takes under a minute."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
