@@ -149,6 +149,7 @@ def configure_django(location: str, disk_directory: str, baseline: str | None) -
             **memcached,
         }
     settings.configure(
+        SECRET_KEY="cpu-per-call",
         CACHES={
             **extra,
             "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
@@ -170,7 +171,7 @@ def configure_django(location: str, disk_directory: str, baseline: str | None) -
                 "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
                 **memcached,
             },
-        }
+        },
     )
     django.setup()
 

@@ -37,6 +37,7 @@ VALUE = "x" * 100
 
 def configure(location: str, disk_directory: str) -> None:
     settings.configure(
+        SECRET_KEY="sync-vs-pylibmc",
         CACHES={
             "fastcache": {
                 "BACKEND": "django_fastcache.backends.FastCache",
@@ -56,7 +57,7 @@ def configure(location: str, disk_directory: str) -> None:
                 "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
                 "LOCATION": location,
             },
-        }
+        },
     )
     django.setup()
 

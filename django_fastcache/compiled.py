@@ -20,6 +20,7 @@ HOT_MODULES = (
     "django_fastcache.client.blocking",
     "django_fastcache.expiry",
     "django_fastcache.serializers",
+    "django_fastcache.sealing",
     "django_fastcache.backends.fastcache",
 )
 

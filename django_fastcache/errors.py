@@ -86,6 +86,11 @@ class ClientClosedError(FastCacheError):
     """The client was closed."""
 
 
+class ValueRefusedError(FastCacheError, ValueError):
+    """A value read back that must not be loaded: unsealed or sealed with another key, or
+    one that would inflate past ``max_value_size``. The backend reads it as a miss."""
+
+
 __all__ = [
     "ClientClosedError",
     "ClientError",
@@ -102,5 +107,6 @@ __all__ = [
     "ProtocolError",
     "ServerError",
     "UnknownCommandError",
+    "ValueRefusedError",
     "ValueTooLargeError",
 ]

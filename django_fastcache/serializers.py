@@ -14,6 +14,8 @@ import pickle
 import zlib
 from typing import Any, Protocol
 
+from .errors import ValueRefusedError, ValueTooLargeError
+
 FLAG_BYTES = 0
 FLAG_PICKLE = 1
 FLAG_INTEGER = 2
@@ -32,10 +34,23 @@ class Serializer(Protocol):
     def loads(self, data: bytes, flags: int) -> Any: ...
 
 
+#: Bytes a value may take once decompressed, unless a serializer is told otherwise.
+DEFAULT_MAX_SIZE = 1024 * 1024
+
+
 class _BaseSerializer:
-    def __init__(self, compress_min_length: int | None = None, compress_level: int = 6) -> None:
+    def __init__(
+        self,
+        compress_min_length: int | None = None,
+        compress_level: int = 6,
+        max_size: int = DEFAULT_MAX_SIZE,
+    ) -> None:
         self.compress_min_length = compress_min_length
         self.compress_level = compress_level
+        #: The most bytes a value may have before compression, and so the most that
+        #: decompressing one may produce: a small compressed value cannot inflate into
+        #: gigabytes (a decompression bomb).
+        self.max_size = max_size
 
     def dumps(self, value: Any) -> tuple[bytes, int]:
         kind = type(value)
@@ -52,6 +67,11 @@ class _BaseSerializer:
             data, flags = self._dump_object(value)
         threshold = self.compress_min_length
         if threshold is not None and len(data) >= threshold:
+            if len(data) > self.max_size:
+                raise ValueTooLargeError(
+                    f"value of {len(data)} bytes before compression exceeds max_value_size"
+                    f" ({self.max_size} bytes)"
+                )
             compressed = zlib.compress(data, self.compress_level)
             if len(compressed) < len(data):
                 return compressed, flags | FLAG_ZLIB
@@ -59,7 +79,7 @@ class _BaseSerializer:
 
     def loads(self, data: bytes, flags: int) -> Any:
         if flags & FLAG_ZLIB:
-            data = zlib.decompress(data)
+            data = self._decompress(data)
             flags &= ~FLAG_ZLIB
         if flags in (FLAG_INTEGER, FLAG_LONG):
             return int(data)
@@ -68,6 +88,19 @@ class _BaseSerializer:
         if flags == FLAG_BYTES:
             return data
         return self._load_object(data, flags)
+
+    def _decompress(self, data: bytes) -> bytes:
+        inflater = zlib.decompressobj()
+        try:
+            out = inflater.decompress(data, self.max_size)
+        except zlib.error as exc:
+            raise ValueRefusedError(f"a compressed value does not decompress: {exc}") from None
+        if inflater.unconsumed_tail:
+            raise ValueRefusedError(
+                f"a compressed value of {len(data)} bytes inflates past max_value_size"
+                f" ({self.max_size} bytes)"
+            )
+        return out
 
     def _dump_object(self, value: Any) -> tuple[bytes, int]:
         raise NotImplementedError
@@ -85,8 +118,9 @@ class PickleSerializer(_BaseSerializer):
         compress_min_length: int | None = None,
         compress_level: int = 6,
         protocol: int = pickle.HIGHEST_PROTOCOL,
+        max_size: int = DEFAULT_MAX_SIZE,
     ) -> None:
-        super().__init__(compress_min_length, compress_level)
+        super().__init__(compress_min_length, compress_level, max_size)
         self.protocol = protocol
 
     def _dump_object(self, value: Any) -> tuple[bytes, int]:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, InvalidCacheKey
 from django.core.exceptions import ImproperlyConfigured
 
@@ -42,10 +43,12 @@ from ..errors import (
     ConfigurationError,
     NetworkError,
     NonIntegerValueError,
+    ValueRefusedError,
     ValueTooLargeError,
 )
 from ..expiry import MAX_RELATIVE_EXPIRY, memcached_exptime, seconds_to_live
 from ..maintenance import maintenance
+from ..sealing import Refusals, Sealer, derive_key
 from ..serializers import SERIALIZERS, PickleSerializer, Serializer
 from ..stores import MemcachedStore, Store
 from ..tiered import TieredStore
@@ -134,9 +137,16 @@ def make_serializer(options: FastCacheOptions) -> Serializer:
     cls = SERIALIZERS[options.serializer]
     if cls is PickleSerializer:
         return PickleSerializer(
-            options.compress_min_length, options.compress_level, options.pickle_protocol
+            options.compress_min_length,
+            options.compress_level,
+            options.pickle_protocol,
+            options.max_value_size,
         )
-    return cls(options.compress_min_length, options.compress_level)
+    return cls(options.compress_min_length, options.compress_level, options.max_value_size)
+
+
+#: What _decode gives for a value that must not be loaded: a miss.
+_REFUSED: Any = object()
 
 
 def _key_bytes(made: str) -> bytes | None:
@@ -199,6 +209,23 @@ class FastCache(BaseCache):
             )
         self._options = options
         self._serializer = make_serializer(options)
+        self._refusals = Refusals()
+        self._sealer: Sealer | None = None
+        if options.sign_values:
+            secret = options.signing_key
+            if secret is None:
+                try:
+                    secret = settings.SECRET_KEY
+                except ImproperlyConfigured:
+                    secret = ""
+            if secret:
+                self._sealer = Sealer(derive_key(secret), self._refusals)
+            elif self._configuration_error is None:
+                self._configuration_error = (
+                    "FastCache seals values with a key from SECRET_KEY, which is empty: set"
+                    " SECRET_KEY or the signing_key option (or sign_values: False, at the"
+                    " risk the security page of the docs describes)."
+                )
         self._stack: Shared | None = None  # no I/O in __init__: built on first use
         # Wire keys of recent str keys at the default version: making, encoding and
         # checking a key costs more than looking it up.
@@ -289,23 +316,56 @@ class FastCache(BaseCache):
             return self._default_exptime
         return memcached_exptime(self._ttl(timeout), time.time())
 
-    def _encode(self, value: Any) -> tuple[bytes, int]:
+    def _encode(self, value: Any, wire: bytes) -> tuple[bytes, int]:
         data, flags = self._serializer.dumps(value)
         if len(data) > self._options.max_value_size:
             raise ValueTooLargeError(
                 f"value of {len(data)} bytes exceeds max_value_size "
                 f"({self._options.max_value_size} bytes)"
             )
+        sealer = self._sealer
+        if sealer is not None:
+            return sealer.seal(wire, data, flags)
         return data, flags
+
+    def _opened(self, wire: bytes, data: bytes, flags: int) -> tuple[bytes, int] | None:
+        """The serializer's bytes and flags of a value read back, or None when it must
+        not be loaded (see :mod:`django_fastcache.sealing`)."""
+        sealer = self._sealer
+        if sealer is None:
+            return data, flags
+        return sealer.open(wire, data, flags)
+
+    def _decode(self, wire: bytes, data: bytes, flags: int) -> Any:
+        """The value read back, or ``_REFUSED`` (a logged miss)."""
+        sealer = self._sealer
+        if sealer is not None:
+            opened = sealer.open(wire, data, flags)
+            if opened is None:
+                return _REFUSED
+            data, flags = opened
+        try:
+            return self._serializer.loads(data, flags)
+        except ValueRefusedError as exc:
+            self._refusals.refuse(wire, str(exc))
+            return _REFUSED
+
+    @property
+    def refused_values(self) -> int:
+        """Values this process read back and refused to load (unsealed, sealed with
+        another secret or for another key, or inflating past max_value_size)."""
+        return self._refusals.count
 
     # -- each operation, once, over either client --------------------------------------------
     async def _get(
         self, client: CommandSet, key: Any, default: Any = None, version: int | None = None
     ) -> Any:
-        found = await self._store.get(client, self.wire_key(key, version))
+        wire = self.wire_key(key, version)
+        found = await self._store.get(client, wire)
         if found is None:
             return default
-        return self._serializer.loads(*found)
+        value = self._decode(wire, *found)
+        return default if value is _REFUSED else value
 
     async def _set(
         self,
@@ -318,7 +378,7 @@ class FastCache(BaseCache):
         wire = self.wire_key(key, version)
         store = self._store
         try:
-            data, flags = self._encode(value)
+            data, flags = self._encode(value, wire)
             stored = await store.set(client, wire, data, flags, self._ttl(timeout))
         except ValueTooLargeError:
             # The old value must not outlive a failed set (sessions rely on this).
@@ -336,7 +396,7 @@ class FastCache(BaseCache):
         version: int | None = None,
     ) -> bool:
         wire = self.wire_key(key, version)
-        data, flags = self._encode(value)
+        data, flags = self._encode(value, wire)
         return await self._store.add(client, wire, data, flags, self._ttl(timeout))
 
     async def _touch(
@@ -359,8 +419,8 @@ class FastCache(BaseCache):
         if not originals:
             return {}
         found = await self._store.get_many(client, list(originals))
-        loads = self._serializer.loads
-        return {originals[wire]: loads(*value) for wire, value in found.items()}
+        values = {originals[wire]: self._decode(wire, *value) for wire, value in found.items()}
+        return {key: value for key, value in values.items() if value is not _REFUSED}
 
     async def _set_many(
         self,
@@ -376,7 +436,7 @@ class FastCache(BaseCache):
             wire = self.wire_key(key, version)
             originals[wire] = key
             try:
-                encoded, flags = self._encode(value)
+                encoded, flags = self._encode(value, wire)
             except ValueTooLargeError:
                 too_large.append(wire)
                 continue
@@ -419,7 +479,9 @@ class FastCache(BaseCache):
         return await self._incr(client, key, -delta, version)
 
     async def _has_key(self, client: CommandSet, key: Any, version: int | None = None) -> bool:
-        return await self._store.get(client, self.wire_key(key, version)) is not None
+        wire = self.wire_key(key, version)
+        found = await self._store.get(client, wire)
+        return found is not None and self._opened(wire, *found) is not None
 
     async def _clear(self, client: CommandSet) -> None:
         await self._store.clear(client)
@@ -432,10 +494,12 @@ class FastCache(BaseCache):
         stack = self._stack or self._shared()
         if stack.tiered is not None:
             return run_blocking(self._get(stack.blocking, key, default, version))
-        item = stack.blocking.get_now(self.wire_key(key, version))
+        wire = self.wire_key(key, version)
+        item = stack.blocking.get_now(wire)
         if item is None:
             return default
-        return self._serializer.loads(item.value, item.flags)
+        value = self._decode(wire, item.value, item.flags)
+        return default if value is _REFUSED else value
 
     def set(
         self,
@@ -451,7 +515,7 @@ class FastCache(BaseCache):
         blocking = stack.blocking
         wire = self.wire_key(key, version)
         try:
-            data, flags = self._encode(value)
+            data, flags = self._encode(value, wire)
             stored = blocking.store_now(
                 b"set", wire, data, flags, self.get_backend_timeout(timeout)
             )
@@ -472,7 +536,7 @@ class FastCache(BaseCache):
         if stack.tiered is not None:
             return run_blocking(self._add(stack.blocking, key, value, timeout, version))
         wire = self.wire_key(key, version)
-        data, flags = self._encode(value)
+        data, flags = self._encode(value, wire)
         exptime = self.get_backend_timeout(timeout)
         return stack.blocking.store_now(b"add", wire, data, flags, exptime)
 
@@ -499,8 +563,9 @@ class FastCache(BaseCache):
         if not originals:
             return {}
         found = run_blocking(stack.blocking.get_many(originals))
-        loads = self._serializer.loads
-        return {originals[wire]: loads(item.value, item.flags) for wire, item in found.items()}
+        decode = self._decode
+        values = {originals[w]: decode(w, item.value, item.flags) for w, item in found.items()}
+        return {key: value for key, value in values.items() if value is not _REFUSED}
 
     def set_many(
         self,
@@ -535,7 +600,9 @@ class FastCache(BaseCache):
         stack = self._stack or self._shared()
         if stack.tiered is not None:
             return run_blocking(self._has_key(stack.blocking, key, version))
-        return stack.blocking.get_now(self.wire_key(key, version)) is not None
+        wire = self.wire_key(key, version)
+        item = stack.blocking.get_now(wire)
+        return item is not None and self._opened(wire, item.value, item.flags) is not None
 
     def clear(self) -> None:
         run_blocking(self._clear(self.blocking_client))

@@ -45,6 +45,12 @@ class FastCacheOptions:
     #: Replace keys memcached cannot carry (over 250 bytes, or with spaces or control
     #: characters) by a digest instead of raising ``InvalidCacheKey``.
     hash_invalid_keys: bool = False
+    #: Seal every value (but raw integers) with a keyed BLAKE2b tag over key and value, and
+    #: load only values whose tag checks out: a value planted in memcached or on disk, or
+    #: moved from another key, is a logged miss and is never unpickled. See docs/security.md.
+    sign_values: bool = True
+    #: The secret the tags are keyed from; None: ``settings.SECRET_KEY``.
+    signing_key: str | None = None
 
     # -- the disk tier ---------------------------------------------------------------
     #: Keep a local disk tier (sharded SQLite) behind memcached.
@@ -190,6 +196,17 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
         positive_int(name)
     boolean("hash_invalid_keys")
     boolean("disk_tier")
+    boolean("sign_values")
+    if "signing_key" in raw and not (
+        raw["signing_key"] is None or (isinstance(raw["signing_key"], str) and raw["signing_key"])
+    ):
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E015",
+                "signing_key must be a non-empty string (or None for SECRET_KEY).",
+            )
+        )
+        raw.pop("signing_key")
 
     if raw.get("min_connections", 1) > raw.get("max_connections", 4):
         problems.append(

@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     from django.conf import settings
 
     if not os.environ.get("DJANGO_SETTINGS_MODULE") and not settings.configured:
-        settings.configure(INSTALLED_APPS=[], USE_TZ=True)
+        settings.configure(INSTALLED_APPS=[], USE_TZ=True, SECRET_KEY="cachebench")
     django.setup()
     from django_fastcache.management.commands.cachebench import Command
 

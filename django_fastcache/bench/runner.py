@@ -50,7 +50,8 @@ def setup_django(settings_module: str | None) -> None:
     elif not settings.configured and not os.environ.get("DJANGO_SETTINGS_MODULE"):
         # The parent configured Django by hand (no settings module to import): the cache
         # entry carries everything a backend reads, so minimal settings are enough.
-        settings.configure(INSTALLED_APPS=[], USE_TZ=True)
+        # FastCache seals values with a key from SECRET_KEY: every worker needs the same.
+        settings.configure(INSTALLED_APPS=[], USE_TZ=True, SECRET_KEY="cachebench")
     django.setup()
 
 

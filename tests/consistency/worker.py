@@ -78,6 +78,9 @@ def configure_django(location: list[str], options: dict[str, Any]) -> None:
                 }
             },
             INSTALLED_APPS=["django_fastcache"],
+            # FastCache seals values with a key from SECRET_KEY: the tests' own, so that
+            # every process of a run (and the test process itself) reads the others' values.
+            SECRET_KEY="django-fastcache-tests",
             USE_TZ=True,
         )
         django.setup()

@@ -99,12 +99,14 @@ class Raw:
         self.client = BlockingClient(Cluster(locations, ClientSettings(timeout=2.0)))
 
     def get(self, key: str) -> Any:
-        item = run_blocking(self.client.get(self.cache.wire_key(key)))
-        return None if item is None else self.cache._serializer.loads(item.value, item.flags)
+        wire = self.cache.wire_key(key)
+        item = run_blocking(self.client.get(wire))
+        return None if item is None else self.cache._decode(wire, item.value, item.flags)
 
     def set(self, key: str, value: Any) -> None:
-        data, flags = self.cache._serializer.dumps(value)
-        assert run_blocking(self.client.set(self.cache.wire_key(key), data, flags=flags))
+        wire = self.cache.wire_key(key)
+        data, flags = self.cache._encode(value, wire)
+        assert run_blocking(self.client.set(wire, data, flags=flags))
 
     def close(self) -> None:
         self.client.close_thread_connections()
@@ -418,7 +420,7 @@ def test_a_garbage_reply_discards_the_connection_and_the_next_call_gets_its_own_
     disk_directory: str,
 ) -> None:
     with FakeMemcached() as fake:
-        cache = make_cache([fake.location], disk_directory)
+        cache = make_cache([fake.location], disk_directory, sign_values=False)  # raw values
         cache.set("a", b"alpha")
         cache.set("b", b"beta")
         connections = fake.accepted
@@ -438,7 +440,7 @@ def test_a_truncated_reply_discards_the_connection_and_the_next_call_gets_its_ow
     disk_directory: str,
 ) -> None:
     with FakeMemcached() as fake:
-        cache = make_cache([fake.location], disk_directory)
+        cache = make_cache([fake.location], disk_directory, sign_values=False)  # raw values
         cache.set("a", b"alpha")
         cache.set("b", b"beta")
         connections = fake.accepted

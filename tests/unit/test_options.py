@@ -60,6 +60,8 @@ GOOD_VALUES: dict[str, list[Any]] = {
     "compress_min_length": [None, 1, 4096],
     "compress_level": list(range(1, 10)),
     "hash_invalid_keys": [True, False],
+    "sign_values": [True, False],
+    "signing_key": [None, "a secret of its own"],
     "disk_tier": [True, False],
     "disk_directory": [None, "/var/cache/site", "relative/dir"],
     "disk_shards": [1, 8, 64],
@@ -228,6 +230,21 @@ def test_disk_tier_must_be_a_bool_e004(value: Any) -> None:
     assert ids(problems) == ["django_fastcache.E004"]
     assert "disk_tier" in problems[0].message
     assert options.disk_tier is True
+
+
+@pytest.mark.parametrize("value", [1, 0, "no", None])
+def test_sign_values_must_be_a_bool_e004(value: Any) -> None:
+    options, problems = parse_options({"sign_values": value})
+    assert ids(problems) == ["django_fastcache.E004"]
+    assert "sign_values" in problems[0].message
+    assert options.sign_values is True
+
+
+@pytest.mark.parametrize("value", ["", b"secret", 42, ["secret"]])
+def test_signing_key_must_be_a_non_empty_string_e015(value: Any) -> None:
+    options, problems = parse_options({"signing_key": value})
+    assert ids(problems) == ["django_fastcache.E015"]
+    assert options.signing_key is None
 
 
 @pytest.mark.parametrize("value", ["lru", "LEAST-RECENTLY-USED", "", None, 1, ["none"]])

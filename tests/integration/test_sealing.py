@@ -1,0 +1,204 @@
+"""Sealed values: only what this site wrote is ever loaded (see docs/security.md).
+
+Anyone who can reach memcached, or write to the disk tier's directory, can put bytes under
+a key. Each test plants such bytes next to a real memcached and checks that FastCache reads
+a miss, counts and logs it, and never runs the planted pickle.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import tracemalloc
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_fastcache.backends import FastCache
+from django_fastcache.bridge import run_blocking
+from django_fastcache.client.blocking import BlockingClient
+from django_fastcache.client.cluster import ClientSettings, Cluster
+from django_fastcache.sealing import FLAG_SEALED
+from django_fastcache.serializers import FLAG_INTEGER, FLAG_PICKLE, FLAG_TEXT, FLAG_ZLIB
+from django_fastcache.testing.servers import MemcachedServer
+
+pytestmark = pytest.mark.integration
+
+#: Set when a planted pickle runs: it must never be.
+RAN: list[str] = []
+
+
+def _planted_code_ran(marker: str) -> str:
+    RAN.append(marker)
+    return marker
+
+
+class Payload:
+    """Unpickling this calls _planted_code_ran: what an attacker's pickle would do."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_planted_code_ran, ("pwned",))
+
+
+@pytest.fixture(autouse=True)
+def _nothing_ran() -> Iterator[None]:
+    RAN.clear()
+    yield
+    assert RAN == [], "a planted pickle was loaded"
+
+
+@pytest.fixture
+def raw(memcached: MemcachedServer) -> Iterator[BlockingClient]:
+    client = BlockingClient(Cluster([memcached.location], ClientSettings(timeout=2.0)))
+    yield client
+    client.close_thread_connections()
+
+
+def make_cache(location: str, **options: Any) -> FastCache:
+    return FastCache(location, {"OPTIONS": {"disk_tier": False, **options}})
+
+
+def plant(raw: BlockingClient, wire: bytes, data: bytes, flags: int) -> None:
+    assert run_blocking(raw.set(wire, data, flags=flags))
+
+
+def test_a_pickle_planted_in_memcached_is_a_logged_miss(
+    memcached: MemcachedServer, raw: BlockingClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = make_cache(memcached.location)
+    wire = cache.wire_key("session")
+    plant(raw, wire, pickle.dumps(Payload()), FLAG_PICKLE)
+    with caplog.at_level(logging.WARNING, logger="django_fastcache"):
+        assert cache.get("session", "default") == "default"
+    assert cache.get_many(["session"]) == {}
+    assert cache.has_key("session") is False
+    assert cache.refused_values >= 1
+    assert any("not sealed" in record.getMessage() for record in caplog.records)
+
+
+def test_the_async_api_refuses_it_too(memcached: MemcachedServer, raw: BlockingClient) -> None:
+    import asyncio
+
+    cache = make_cache(memcached.location)
+    plant(raw, cache.wire_key("k"), pickle.dumps(Payload()), FLAG_PICKLE)
+
+    async def read() -> tuple[Any, Any, bool]:
+        return await cache.aget("k"), await cache.aget_many(["k"]), await cache.ahas_key("k")
+
+    assert asyncio.run(read()) == (None, {}, False)
+
+
+def test_a_value_moved_from_another_key_is_refused(
+    memcached: MemcachedServer, raw: BlockingClient
+) -> None:
+    cache = make_cache(memcached.location)
+    cache.set("admin-flag", {"is_admin": True})
+    item = run_blocking(raw.get(cache.wire_key("admin-flag")))
+    assert item is not None
+    assert item.flags & FLAG_SEALED
+    plant(raw, cache.wire_key("user-flag"), item.value, item.flags)
+    assert cache.get("user-flag") is None
+    assert cache.get("admin-flag") == {"is_admin": True}
+
+
+def test_a_value_sealed_with_another_secret_is_refused(memcached: MemcachedServer) -> None:
+    ours = make_cache(memcached.location)
+    theirs = make_cache(memcached.location, signing_key="another site's secret")
+    theirs.set("shared", ["theirs"])
+    assert ours.get("shared") is None
+    assert theirs.get("shared") == ["theirs"]
+
+
+def test_a_tampered_value_is_refused(memcached: MemcachedServer, raw: BlockingClient) -> None:
+    cache = make_cache(memcached.location)
+    cache.set("k", "genuine")
+    wire = cache.wire_key("k")
+    item = run_blocking(raw.get(wire))
+    assert item is not None
+    plant(raw, wire, item.value[:-1] + b"!", item.flags)
+    assert cache.get("k") is None
+    plant(raw, wire, item.value[:5], item.flags)  # shorter than a tag
+    assert cache.get("k") is None
+
+
+def test_integers_stay_unsealed_so_incr_works(
+    memcached: MemcachedServer, raw: BlockingClient
+) -> None:
+    cache = make_cache(memcached.location)
+    cache.set("counter", 41)
+    item = run_blocking(raw.get(cache.wire_key("counter")))
+    assert item is not None
+    assert (item.value, item.flags) == (b"41", FLAG_INTEGER)
+    assert cache.incr("counter") == 42
+    assert cache.get("counter") == 42
+    # An integer flag on bytes that are not a number is refused, not a ValueError.
+    plant(raw, cache.wire_key("counter"), b"4x2", FLAG_INTEGER)
+    assert cache.get("counter") is None
+
+
+def test_every_type_round_trips_sealed(memcached: MemcachedServer) -> None:
+    cache = make_cache(memcached.location, compress_min_length=10)
+    values = {"b": b"\x00bytes", "s": "text " * 20, "o": {"a": [1, (2, 3)]}, "n": None}
+    cache.set_many(values)
+    assert cache.get_many(values) == values
+    for key, value in values.items():
+        assert cache.get(key, "missing") == value
+
+
+def test_with_sealing_off_unsealed_values_are_read(
+    memcached: MemcachedServer, raw: BlockingClient
+) -> None:
+    cache = make_cache(memcached.location, sign_values=False)
+    plant(raw, cache.wire_key("k"), b"plain", FLAG_TEXT)
+    assert cache.get("k") == "plain"
+
+
+def test_a_pickle_planted_on_disk_is_refused(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = FastCache(memcached.location, {"OPTIONS": {"disk_directory": disk_directory}})
+    cache.set("k", "genuine")
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    memcached.flush()  # memcached misses: the disk tier answers (and refills)
+    assert cache.get("k") == "genuine"
+    memcached.flush()
+    tiered.disk.set(cache.wire_key("k"), pickle.dumps(Payload()), FLAG_PICKLE, None)
+    assert cache.get("k") is None
+
+
+def test_a_decompression_bomb_is_refused_within_the_value_limit(
+    memcached: MemcachedServer, raw: BlockingClient
+) -> None:
+    # Sealing off, so the bomb reaches the serializer: its bound must hold on its own.
+    cache = make_cache(memcached.location, sign_values=False, max_value_size=64 * 1024)
+    bomb = zlib.compress(b"\0" * (256 * 1024 * 1024), 9)  # 256 MiB from about 250 KB
+    assert len(bomb) < 512 * 1024
+    plant(raw, cache.wire_key("bomb"), bomb, FLAG_TEXT | FLAG_ZLIB)
+    tracemalloc.start()
+    try:
+        assert cache.get("bomb") is None
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024
+    assert cache.refused_values == 1
+
+
+def test_values_too_large_to_read_back_are_not_written(memcached: MemcachedServer) -> None:
+    from django_fastcache.errors import ValueTooLargeError
+
+    cache = make_cache(memcached.location, compress_min_length=100, max_value_size=1000)
+    with pytest.raises(ValueTooLargeError):
+        cache.set("k", "x" * 5000)  # compresses small, but could not be read back
+
+
+def test_an_empty_secret_key_is_refused_with_the_fix_named(memcached: MemcachedServer) -> None:
+    with override_settings(SECRET_KEY=""):
+        cache = make_cache(memcached.location)
+    with pytest.raises(ImproperlyConfigured, match="signing_key"):
+        cache.get("k")
