@@ -26,7 +26,8 @@ Operations: get (hit), get (miss), set, add (of a key that exists: a NOT_STORED 
 trip), delete (of a missing key), incr, get_many of 10 keys, set_many of 10 keys; 100-byte
 values. Subjects: the raw clients (FastCache's ``BlockingClient`` and async ``Client``,
 pylibmc, pymemcache, meta-memcache's ``CacheClient``) and the Django backends (FastCache
-with the disk tier off and on, PyLibMCCache, PyMemcacheCache), sync and async. Ratios are
+with the disk tier off and on, and with its values unsealed; PyLibMCCache,
+PyMemcacheCache), sync and async. Ratios are
 printed against pylibmc (raw) and PyLibMCCache (Django).
 """
 
@@ -156,6 +157,12 @@ def configure_django(location: str, disk_directory: str, baseline: str | None) -
             "FastCache": {
                 "BACKEND": "django_fastcache.backends.FastCache",
                 "OPTIONS": {"disk_tier": False},
+                **memcached,
+            },
+            # Values unsealed (sign_values off): what sealing costs, side by side.
+            "FastCache unsealed": {
+                "BACKEND": "django_fastcache.backends.FastCache",
+                "OPTIONS": {"disk_tier": False, "sign_values": False},
                 **memcached,
             },
             "FastCache tiered": {
@@ -382,6 +389,7 @@ REFERENCES = {
     "raw meta-memcache CacheClient": "raw pylibmc",
     "django FastCache": "django PyLibMCCache",
     "django FastCache tiered": "django PyLibMCCache",
+    "django FastCache unsealed": "django PyLibMCCache",
     "django PyMemcacheCache": "django PyLibMCCache",
     "django FastCache async": "django PyLibMCCache async",
 }
