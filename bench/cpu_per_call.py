@@ -109,10 +109,10 @@ def pin_to_one_cpu(server: MemcachedServer) -> int:
 BASELINE_PACKAGE = "fastcache_baseline"
 
 
-def install_baseline(revision: str, directory: str) -> str:
-    """Extract the package at ``revision`` as :data:`BASELINE_PACKAGE` into ``directory``
-    and put it on sys.path; returns the revision's short name."""
-    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def install_baseline(revision: str, directory: str, repository: str) -> str:
+    """Extract the package at ``revision`` of the git ``repository`` as
+    :data:`BASELINE_PACKAGE` into ``directory`` and put it on sys.path; returns the
+    revision's short name."""
     archive = subprocess.run(
         ["git", "-C", repository, "archive", revision, "django_fastcache"],
         check=True,
@@ -442,6 +442,11 @@ def main() -> None:
         "--no-pin", action="store_true", help="leave the benchmark and memcached on any CPU"
     )
     parser.add_argument("--baseline", metavar="REV", help="also FastCache at git revision REV")
+    parser.add_argument(
+        "--baseline-repo",
+        default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        help="the git checkout REV is taken from (default: this script's)",
+    )
     args = parser.parse_args()
 
     import uvloop
@@ -450,7 +455,9 @@ def main() -> None:
         pinned = "not pinned" if args.no_pin else f"pinned to CPU {pin_to_one_cpu(server)}"
         baseline = None
         if args.baseline:
-            baseline = install_baseline(args.baseline, os.path.join(directory, "baseline"))
+            baseline = install_baseline(
+                args.baseline, os.path.join(directory, "baseline"), args.baseline_repo
+            )
         configure_django(server.location, directory, baseline)
         loop = uvloop.new_event_loop()
         cases = raw_cases(server, loop, baseline) + django_cases(loop)
