@@ -192,6 +192,8 @@ def django_cases(loop: asyncio.AbstractEventLoop) -> list[Case]:
     names = [name for name in settings.CACHES if name != "default"]
     for name in names:
         cache = caches[name]
+        # Each backend its own keys: one's values are not readable by the others.
+        cache.key_prefix = name.replace(" ", "-")
         cache.set_many(mapping)
         cache.set("counter", 1)
         sync: dict[str, Callable[[], object]] = {

@@ -48,7 +48,7 @@ from ..errors import (
 )
 from ..expiry import MAX_RELATIVE_EXPIRY, memcached_exptime, seconds_to_live
 from ..maintenance import maintenance
-from ..sealing import Refusals, Sealer, derive_key
+from ..sealing import FLAG_SEALED, Refusals, Sealer, derive_key
 from ..serializers import SERIALIZERS, PickleSerializer, Serializer
 from ..stores import MemcachedStore, Store
 from ..tiered import TieredStore
@@ -332,15 +332,17 @@ class FastCache(BaseCache):
         """The serializer's bytes and flags of a value read back, or None when it must
         not be loaded (see :mod:`django_fastcache.sealing`)."""
         sealer = self._sealer
-        if sealer is None:
-            return data, flags
-        return sealer.open(wire, data, flags)
+        if sealer is not None:
+            return sealer.open(wire, data, flags)
+        if flags & FLAG_SEALED:
+            self._refusals.refuse(wire, "it is sealed, and sign_values is off here")
+            return None
+        return data, flags
 
     def _decode(self, wire: bytes, data: bytes, flags: int) -> Any:
         """The value read back, or ``_REFUSED`` (a logged miss)."""
-        sealer = self._sealer
-        if sealer is not None:
-            opened = sealer.open(wire, data, flags)
+        if self._sealer is not None or flags & FLAG_SEALED:
+            opened = self._opened(wire, data, flags)
             if opened is None:
                 return _REFUSED
             data, flags = opened

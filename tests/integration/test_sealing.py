@@ -157,6 +157,13 @@ def test_with_sealing_off_unsealed_values_are_read(
     assert cache.get("k") == "plain"
 
 
+def test_with_sealing_off_a_sealed_value_is_a_miss_not_an_error(
+    memcached: MemcachedServer,
+) -> None:
+    make_cache(memcached.location).set("k", {"sealed": True})
+    assert make_cache(memcached.location, sign_values=False).get("k", "missing") == "missing"
+
+
 def test_a_pickle_planted_on_disk_is_refused(
     memcached: MemcachedServer, disk_directory: str
 ) -> None:
