@@ -34,6 +34,8 @@ WorkerContext = Union["SpawnContext", "ForkServerContext"]
 BARRIER_TIMEOUT = 120.0
 PREFILL_TIMEOUT = 300.0
 POLL_SECONDS = 0.1
+# How describe() starts the error of a worker whose barrier another worker aborted.
+BROKEN_BARRIER = "BrokenBarrierError"
 
 
 class RowFailed(Exception):
@@ -112,10 +114,12 @@ def worker_main(
         with counter.get_lock():
             counter.value += done
 
+    released = False
     try:
         setup_django(settings_module)
         cache = build_cache(config)
         barrier.wait(BARRIER_TIMEOUT)
+        released = True
         measured = run_ops(cache, workload, seed=index, on_progress=progress)
         cache.close()
         packed = {action: measured.samples[action].tobytes() for action in ACTIONS}
@@ -123,9 +127,12 @@ def worker_main(
             ("done", index, packed, measured.misses, measured.started_ns, measured.finished_ns)
         )
     except BaseException as exc:
-        # Release the others at once rather than leave them waiting out the barrier.
-        with contextlib.suppress(Exception):
-            barrier.abort()
+        # Release the others at once rather than leave them waiting out the barrier. Not
+        # once it has let everyone through: a worker that has not woken from it yet would
+        # then fail with BrokenBarrierError instead of running.
+        if not released:
+            with contextlib.suppress(Exception):
+                barrier.abort()
         results.put(("error", index, describe(exc)))
 
 
@@ -217,6 +224,7 @@ def run_workers(
     started: list[int] = []
     finished: list[int] = []
     pending = set(range(workload.procs))
+    consequence: str | None = None
     try:
         while pending:
             try:
@@ -229,7 +237,14 @@ def run_workers(
                     raise RowFailed(f"the workers did not finish in {timeout:.0f} s") from None
                 continue
             if message[0] == "error":
-                raise RowFailed(f"worker {message[1]} failed: {message[2]}")
+                failure = f"worker {message[1]} failed: {message[2]}"
+                if not message[2].startswith(BROKEN_BARRIER):
+                    raise RowFailed(failure)
+                # Another worker aborted the barrier; its own error says why and is on
+                # its way, so report that one (this one only if no other comes).
+                consequence = consequence or failure
+                pending.discard(message[1])
+                continue
             _, index, packed, worker_misses, start_ns, finish_ns = message
             for action in ACTIONS:
                 merged[action].frombytes(packed[action])
@@ -237,6 +252,8 @@ def run_workers(
             started.append(start_ns)
             finished.append(finish_ns)
             pending.discard(index)
+        if consequence is not None:
+            raise RowFailed(consequence)
         if on_progress is not None:
             on_progress(counter.value)
     finally:
