@@ -34,6 +34,7 @@ from ..protocol import (
     version_command,
 )
 from .cluster import Cluster
+from .meta import MetaCommands
 
 #: Keys per ``get`` line when a node is asked for many keys (the lines are pipelined).
 MULTI_GET_CHUNK = 100
@@ -60,8 +61,11 @@ _STORAGE_VERBS = {
 
 # The asyncio client, and test doubles, are subclasses that stay interpreted.
 @mypyc_attr(allow_interpreted_subclasses=True)
-class CommandSet:
-    """The memcached commands. Keys and values are ``bytes``; see the docs for each."""
+class CommandSet(MetaCommands):
+    """The memcached commands. Keys and values are ``bytes``; see the docs for each.
+
+    The meta commands (``mg``, ``ms``, ``md``, ``ma``, ``mn``) come from
+    :class:`~django_fastcache.client.meta.MetaCommands`, over the same I/O primitives."""
 
     cluster: Cluster
 
