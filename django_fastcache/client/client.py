@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import CommandError, ConnectionLostError, FastCacheError, OperationTimeoutError
+from ..errors import CommandError, ConnectionLostError, FastCacheError
 from ..protocol import Item, ReplyKind, Status
 from . import forksafe
 from .address import Address
@@ -103,13 +103,8 @@ class Client(CommandSet):
         connection = pool.try_acquire()
         if connection is not None:
             return connection
-        remaining = deadline - pool.loop.time()
-        try:
-            return await asyncio.wait_for(pool.acquire(), remaining)
-        except asyncio.TimeoutError:
-            raise OperationTimeoutError(
-                f"no connection to {pool.address} within {self.timeout}s"
-            ) from None
+        # The pool bounds the wait itself and gives back whatever a cancellation interrupts.
+        return await pool.acquire(deadline)
 
     async def _request(
         self,

@@ -14,9 +14,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ClientClosedError, ConnectFailedError, FastCacheError, OperationTimeoutError
+from ..errors import ClientClosedError, FastCacheError, OperationTimeoutError
 from .address import Address
 from .connection import Connection
+from .failures import connect_error
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,11 @@ class Pool:
     def idle(self) -> int:
         return len(self._idle)
 
-    async def acquire(self) -> Connection:
+    async def acquire(self, deadline: float) -> Connection:
+        """A connection for one operation, by ``deadline`` (the loop's clock).
+
+        Cancellation at any point gives back whatever the caller was about to receive: a
+        connection handed over, a slot freed for it, or a connection being opened."""
         idle = self._idle
         while idle:
             connection = idle.pop()  # the most recently used: its socket is warm
@@ -77,17 +82,20 @@ class Pool:
             raise ClientClosedError("the client is closed")
         if self._size < self.settings.max_connections:
             self._size += 1
-            return await self._open()
-        return await self._wait()
+            return await self._open(deadline)
+        return await self._wait(deadline)
 
-    async def _wait(self) -> Connection:
+    async def _wait(self, deadline: float) -> Connection:
+        # A timer fails the waiter at the deadline. No wait_for here: on Python 3.11 it can
+        # drop a result that arrives together with a cancellation, losing the connection.
         waiter: asyncio.Future[Connection | None] = self._loop.create_future()
         self._waiters.append(waiter)
         self.metrics.waits += 1
+        timer = self._loop.call_at(deadline, _expire, waiter, self.address)
         try:
             connection = await waiter
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 # We were handed something while being cancelled: pass it on.
                 handed = waiter.result()
                 if handed is None:
@@ -97,11 +105,13 @@ class Pool:
             else:
                 waiter.cancel()
             raise
+        finally:
+            timer.cancel()
         if connection is None:
-            return await self._open()
+            return await self._open(deadline)
         return connection
 
-    async def _open(self) -> Connection:
+    async def _open(self, deadline: float) -> Connection:
         """Open a connection for a slot already counted in ``_size``."""
         address = self.address
         loop = self._loop
@@ -116,28 +126,63 @@ class Pool:
             assert address.host is not None
             assert address.port is not None
             connecting = loop.create_connection(factory, address.host, address.port)
+        # The connect runs as a task of its own, watched here until a timer fires. Whatever
+        # stops the watch (timeout, cancellation), the task's outcome is still taken care of:
+        # a connection it opens is kept or closed and the slot freed, never lost.
+        task = loop.create_task(connecting)
+        watch: asyncio.Future[None] = loop.create_future()
+        connect_deadline = loop.time() + settings.connect_timeout
+        timer = loop.call_at(min(deadline, connect_deadline), _wake, watch)
+        task.add_done_callback(lambda _task: _wake(watch))
         try:
-            _transport, connection = await asyncio.wait_for(connecting, settings.connect_timeout)
-        except BaseException as exc:
-            self._slot_freed()
-            self.metrics.connect_failures += 1
-            if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-                error: FastCacheError = OperationTimeoutError(
-                    f"connecting to {address} took longer than {settings.connect_timeout}s"
-                )
-            elif isinstance(exc, OSError):
-                error = ConnectFailedError(f"cannot connect to {address}: {exc}")
+            await watch
+        except BaseException:
+            timer.cancel()
+            if task.done():
+                self._settle(task)  # opened just as we were cancelled: keep it for others
             else:
-                raise
-            if self._on_connect_failure is not None:
-                self._on_connect_failure(error)
-            raise error from exc
+                task.cancel()
+                task.add_done_callback(self._settle)
+            raise
+        timer.cancel()
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(self._settle)
+            raise self._connect_failed(
+                OperationTimeoutError(
+                    f"connecting to {address} took longer than {settings.connect_timeout}s"
+                    if connect_deadline <= deadline
+                    else f"no connection to {address} within the call's timeout"
+                )
+            )
+        exc = task.exception()
+        if exc is not None:
+            self._slot_freed()
+            if isinstance(exc, OSError):
+                raise self._connect_failed(connect_error(address, exc)) from exc
+            raise exc
+        _transport, connection = task.result()
         self.metrics.connections_opened += 1
         if self._closed:
             connection.close()
             self._slot_freed()
             raise ClientClosedError("the client is closed")
         return connection
+
+    def _connect_failed(self, error: FastCacheError) -> FastCacheError:
+        self.metrics.connect_failures += 1
+        if self._on_connect_failure is not None:
+            self._on_connect_failure(error)
+        return error
+
+    def _settle(self, task: asyncio.Task[tuple[asyncio.BaseTransport, Connection]]) -> None:
+        """Take care of a connect nobody waits for any more: keep what it opened."""
+        if task.cancelled() or task.exception() is not None:
+            self._slot_freed()
+            return
+        _transport, connection = task.result()
+        self.metrics.connections_opened += 1
+        self.release(connection)
 
     def release(self, connection: Connection) -> None:
         """Return a connection after a completed operation."""
@@ -204,3 +249,13 @@ class Pool:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(ClientClosedError("the client is closed"))
+
+
+def _wake(watch: asyncio.Future[None]) -> None:
+    if not watch.done():
+        watch.set_result(None)
+
+
+def _expire(waiter: asyncio.Future[Connection | None], address: Address) -> None:
+    if not waiter.done():
+        waiter.set_exception(OperationTimeoutError(f"no connection to {address} in time"))

@@ -1,0 +1,220 @@
+"""Cancelled async calls against a real memcached: no pool slot is lost, no connection is
+reused in an unknown state.
+
+An ASGI server cancels the task of a client that went away, and ``asyncio.timeout()``
+cancels the call it wraps; either may land at any await point of a call: waiting for a
+connection, connecting, or waiting for the reply. Afterwards the pool must be whole (every
+connection it counts is idle, none is lost) and every call must get its own answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import random
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+
+from django_fastcache.client import Client
+from django_fastcache.errors import OperationTimeoutError
+from django_fastcache.protocol import Item
+from django_fastcache.testing.servers import MemcachedServer
+
+pytestmark = pytest.mark.integration
+
+LOOPS = ["asyncio"] + (["uvloop"] if importlib.util.find_spec("uvloop") else [])
+MAX_CONNECTIONS = 4
+
+
+@pytest.fixture(params=LOOPS)
+def run(request: pytest.FixtureRequest) -> Iterator[Callable[[Coroutine[Any, Any, Any]], Any]]:
+    """Run a coroutine to completion on a fresh loop of the parametrized kind."""
+    if request.param == "uvloop":
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    try:
+        yield loop.run_until_complete
+    finally:
+        loop.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[MemcachedServer]:
+    process = MemcachedServer().start()
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+def pool_state(client: Client, server: MemcachedServer) -> dict[str, int]:
+    return client.pool_metrics()[server.location]
+
+
+def assert_pool_whole(client: Client, server: MemcachedServer) -> None:
+    """Nothing is in use: every connection the pool counts is idle and open."""
+    state = pool_state(client, server)
+    assert state["open"] == state["idle"], state
+    assert 0 <= state["open"] <= MAX_CONNECTIONS, state
+
+
+async def fifty_calls_succeed(client: Client) -> None:
+    keys = [b"after:%d" % n for n in range(50)]
+    assert all(await asyncio.gather(*[client.set(key, key) for key in keys]))
+    found = await asyncio.gather(*[client.get(key) for key in keys])
+    assert found == [Item(key, key, 0, None) for key in keys]
+
+
+# -- random cancellation -------------------------------------------------------------------------
+async def one_call(client: Client, rnd: random.Random, n: int) -> None:
+    """A call whose answer proves it was not handed another request's reply."""
+    key = b"key:%d" % rnd.randrange(20)
+    choice = rnd.random()
+    if choice < 0.35:
+        item = await client.get(key)
+        assert item is None or item.value == key, (key, item)
+    elif choice < 0.6:
+        assert await client.set(key, key) is True
+    elif choice < 0.75:
+        other = b"key:%d" % rnd.randrange(20)
+        items = await client.get_many([key, other])
+        assert all(k == item.value for k, item in items.items()), items
+    elif choice < 0.85:
+        assert await client.delete(key) in (True, False)
+    else:
+        # asyncio.timeout() around a call, with a budget far shorter than the client's.
+        try:
+            async with asyncio.timeout(rnd.random() * 0.002):
+                item = await client.get(key)
+            assert item is None or item.value == key, (key, item)
+        except TimeoutError:
+            pass
+
+
+async def cancel_at_random(client: Client, seed: int, rounds: int) -> int:
+    """Start a few calls, let them run a random while, cancel some; returns how many calls
+    were really cancelled."""
+    rnd = random.Random(seed)
+    cancelled = 0
+    for n in range(rounds):
+        tasks = [asyncio.ensure_future(one_call(client, rnd, n)) for _ in range(rnd.randint(1, 9))]
+        if rnd.random() < 0.5:
+            for _ in range(rnd.randrange(8)):
+                await asyncio.sleep(0)  # a few loop turns: lands on any await point
+        else:
+            await asyncio.sleep(rnd.random() * 0.0005)
+        for task in tasks:
+            if rnd.random() < 0.6:
+                task.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, asyncio.CancelledError):
+                cancelled += 1
+            elif isinstance(outcome, BaseException):
+                raise outcome
+    return cancelled
+
+
+def test_random_cancellation_never_loses_a_pool_slot(
+    run: Callable[[Coroutine[Any, Any, Any]], Any], server: MemcachedServer
+) -> None:
+    async def scenario() -> int:
+        # A generous timeout: no call may fail by running out of connections.
+        client = Client([server.location], max_connections=MAX_CONNECTIONS, timeout=5.0)
+        try:
+            cancelled = await cancel_at_random(client, seed=7, rounds=1500)
+            assert_pool_whole(client, server)
+            await fifty_calls_succeed(client)
+            assert_pool_whole(client, server)
+            return cancelled
+        finally:
+            await client.aclose()
+
+    assert run(scenario()) >= 2000
+
+
+def test_timeout_context_around_calls_leaves_the_pool_whole(
+    run: Callable[[Coroutine[Any, Any, Any]], Any], server: MemcachedServer
+) -> None:
+    """``asyncio.timeout()`` expiring while the server does not answer: the caller gets
+    TimeoutError at once, the connection held is dropped, and the pool serves on."""
+
+    async def scenario() -> None:
+        client = Client([server.location], max_connections=2, timeout=30.0)
+        try:
+            await client.set(b"t", b"t")
+            server.pause()
+            try:
+                for _ in range(3):  # more calls than connections: some wait for one
+                    calls = [client.get(b"t") for _ in range(5)]
+                    with pytest.raises(TimeoutError):
+                        async with asyncio.timeout(0.05):
+                            await asyncio.gather(*calls)
+            finally:
+                server.resume()
+            assert_pool_whole(client, server)
+            assert await client.get(b"t") == Item(b"t", b"t", 0, None)
+            await fifty_calls_succeed(client)
+        finally:
+            await client.aclose()
+
+    run(scenario())
+
+
+def test_a_waiter_cancelled_once_handed_a_connection_gives_it_back(
+    run: Callable[[Coroutine[Any, Any, Any]], Any], server: MemcachedServer
+) -> None:
+    """The connection is handed to a queued call and the call is cancelled in the same loop
+    turn, before it runs: the call is cancelled (not completed) and the connection kept."""
+
+    async def scenario() -> None:
+        client = Client([server.location], max_connections=1, timeout=5.0)
+        try:
+            await client.set(b"w", b"w")
+            pool = client._pools()[0]
+            held = pool.try_acquire()  # the one connection, taken as a call would
+            assert held is not None
+            waiter = asyncio.ensure_future(client.get(b"w"))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert pool_state(client, server)["waits"] == 1
+            pool.release(held)  # handed to the waiter ...
+            waiter.cancel()  # ... which is cancelled before it runs
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            assert_pool_whole(client, server)
+            assert pool_state(client, server)["open"] == 1
+            assert pool_state(client, server)["closed"] == 0
+            assert await client.get(b"w") == Item(b"w", b"w", 0, None)
+        finally:
+            await client.aclose()
+
+    run(scenario())
+
+
+def test_waiting_for_a_connection_is_bounded_by_the_timeout(
+    run: Callable[[Coroutine[Any, Any, Any]], Any], server: MemcachedServer
+) -> None:
+    async def scenario() -> None:
+        client = Client([server.location], max_connections=1, timeout=0.2)
+        try:
+            await client.set(b"b", b"b")
+            server.pause()
+            try:
+                outcomes = await asyncio.gather(
+                    client.get(b"b"), client.get(b"b"), return_exceptions=True
+                )
+            finally:
+                server.resume()
+            assert all(isinstance(o, OperationTimeoutError) for o in outcomes), outcomes
+            assert_pool_whole(client, server)
+            assert await client.get(b"b") == Item(b"b", b"b", 0, None)
+        finally:
+            await client.aclose()
+
+    run(scenario())
