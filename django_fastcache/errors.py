@@ -10,7 +10,9 @@ its branches when they care why:
 * :class:`ProtocolError` — the server sent bytes that do not parse; the connection is
   discarded.
 * :class:`NetworkError` — connecting failed, the connection dropped, the node is marked
-  out, or the call ran past its timeout; the connection is discarded.
+  out, the server refused the connection, or the call ran past its timeout; the connection
+  is discarded. :class:`LocalResourceError` is the one branch that blames this process
+  (out of descriptors), not the node.
 """
 
 from __future__ import annotations
@@ -82,6 +84,16 @@ class OperationTimeoutError(NetworkError, builtins.TimeoutError):
     """A call ran past its timeout; its connection was discarded."""
 
 
+class ServerRefusedConnectionError(NetworkError, builtins.ConnectionError):
+    """The server refused the connection (memcached's ``Too many open connections``)."""
+
+
+class LocalResourceError(NetworkError, builtins.ConnectionError):
+    """This process could not open a connection (out of file descriptors or memory).
+
+    It says nothing about the node: the disk tier answers without marking the node out."""
+
+
 class ClientClosedError(FastCacheError):
     """The client was closed."""
 
@@ -101,11 +113,13 @@ __all__ = [
     "FastCacheError",
     "InvalidArgumentError",
     "InvalidKeyError",
+    "LocalResourceError",
     "NetworkError",
     "NonIntegerValueError",
     "OperationTimeoutError",
     "ProtocolError",
     "ServerError",
+    "ServerRefusedConnectionError",
     "UnknownCommandError",
     "ValueRefusedError",
     "ValueTooLargeError",
