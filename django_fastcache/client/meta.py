@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import CommandError, FastCacheError, InvalidArgumentError, ProtocolError
+from ..errors import (
+    CommandError,
+    FastCacheError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    ProtocolError,
+)
 from ..protocol import (
     MetaReply,
     MetaResult,
@@ -27,6 +33,7 @@ from ..protocol import (
     meta_arithmetic_command,
     meta_delete_command,
     meta_get_command,
+    meta_get_many_command,
     meta_noop_command,
     meta_set_command,
 )
@@ -230,28 +237,27 @@ class MetaCommands:
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
-        encoded = {
-            key: meta_get_command(
-                key, client_flags=True, cas=cas, return_key=True, quiet=True, base64_key=base64_key
-            )
-            for key in unique
-        }
+        for key in unique:
+            if type(key) is not bytes:  # before hashing; the encoder checks the rest
+                raise InvalidKeyError(f"keys must be bytes, got {type(key).__name__}")
+        # Every node's request is encoded (and every key checked) before any is sent.
         requests: Requests = {
-            node: (b"".join([encoded[key] for key in node_keys]) + _NOOP, [_META])
+            node: (meta_get_many_command(node_keys, cas=cas, base64_key=base64_key), [_META])
             for node, node_keys in self.cluster.group(unique).items()
         }
+        asked = set(unique)
         found: dict[bytes, MetaReply] = {}
         for replies in (await self._meta_pipelines(requests)).values():
             for reply in replies:
-                key = reply.key
-                if key is None or key not in encoded or key in found:
+                answered = reply.key
+                if answered is None or answered not in asked or answered in found:
                     raise ProtocolError(
                         "a quiet mg answered "
-                        + ("without its key" if key is None else f"for {show_bytes(key)}")
+                        + ("without its key" if answered is None else f"for {show_bytes(answered)}")
                         + ", which was not asked for (or was already answered)"
                     )
                 if reply.status is not MetaStatus.EN:  # EN comes only with a key in b mode
-                    found[key] = reply
+                    found[answered] = reply
         return found
 
     async def meta_noop(self, *, nodes: Iterable[int] | None = None) -> None:

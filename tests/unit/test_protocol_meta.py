@@ -300,6 +300,21 @@ VALID: list[tuple[bytes, list[Any]]] = [
     (b"EN\r\nMN\r\n", [MetaReply(S.EN)]),
     (b"HD\r\nNS\r\nEX\r\nNF\r\nMN\r\n", [MetaReply(s) for s in (S.HD, S.NS, S.EX, S.NF)]),
     (b"VA 5\r\nhello\r\nMN\r\n", [MetaReply(S.VA, b"hello")]),
+    # The shapes read in one step: mg's default reply and meta_get_many's.
+    (b"VA 5 f0\r\nhello\r\nMN\r\n", [MetaReply(S.VA, b"hello", client_flags=0)]),
+    (
+        b"VA 2 f4294967295 kkey\r\nhi\r\nVA 0 f1 k\xc3\xa9\r\n\r\nMN\r\n",
+        [
+            MetaReply(S.VA, b"hi", client_flags=2**32 - 1, key=b"key"),
+            MetaReply(S.VA, b"", client_flags=1, key=b"\xc3\xa9"),
+        ],
+    ),
+    (
+        b"VA 6 f3 kk\r\n\r\nMN\r\n\r\nMN\r\n",
+        [MetaReply(S.VA, b"\r\nMN\r\n", client_flags=3, key=b"k")],
+    ),
+    (b"VA 1 f3 kk c9\r\nv\r\nMN\r\n", [MetaReply(S.VA, b"v", cas=9, client_flags=3, key=b"k")]),
+    (b"VA 1 f3 kAA== b\r\nv\r\nMN\r\n", [MetaReply(S.VA, b"v", client_flags=3, key=b"\x00")]),
     (b"VA 0\r\n\r\nMN\r\n", [MetaReply(S.VA, b"")]),
     (b"VA 6\r\n\r\nMN\r\n\r\nMN\r\n", [MetaReply(S.VA, b"\r\nMN\r\n")]),
     (b"VA 3\r\n\x00\n\r\r\nMN\r\n", [MetaReply(S.VA, b"\x00\n\r")]),
@@ -449,6 +464,17 @@ def test_max_value_size_is_inclusive() -> None:
         parser.next_reply(META)
 
 
+def test_limits_hold_for_replies_read_in_one_step() -> None:
+    parser = ReplyParser(max_value_size=3)
+    parser.feed(b"VA 4 f0 kk\r\nabcd\r\nMN\r\n")
+    with pytest.raises(ProtocolError, match="over the limit of 3"):
+        parser.next_reply(META)
+    parser = ReplyParser(max_line_length=12)
+    parser.feed(b"VA 1 f0 kabcdefgh\r\nv\r\nMN\r\n")  # a 17-byte line
+    with pytest.raises(ProtocolError, match="no line ending within 12 bytes"):
+        parser.next_reply(META)
+
+
 def test_huge_declared_size_fails_at_the_header_without_allocating() -> None:
     parser = ReplyParser()
     tracemalloc.start()
@@ -517,6 +543,9 @@ BROKEN: list[tuple[bytes, type[ProtocolError], str]] = [
     (b"HD cx1\r\n", ProtocolError, "c flag is not a number"),
     (b"HD c18446744073709551616\r\n", ProtocolError, "c flag out of range"),
     (b"HD f4294967296\r\n", ProtocolError, "f flag out of range"),
+    (b"VA 1 f4294967296 kk\r\nv\r\n", ProtocolError, "f flag out of range"),
+    (b"VA 2 f1 kk\r\nabc\r\n", ProtocolError, "followed by"),
+    (b"VA 2 f1\r\nab\nMN\r\n", ProtocolError, "followed by"),
     (b"HD t-2\r\n", ProtocolError, "t flag out of range"),
     (b"HD s-1\r\n", ProtocolError, "s flag is not a number"),
     (b"HD h2\r\n", ProtocolError, "h flag"),
