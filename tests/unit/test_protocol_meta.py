@@ -30,6 +30,7 @@ from django_fastcache.protocol.meta import (
     meta_arithmetic_command,
     meta_delete_command,
     meta_get_command,
+    meta_get_many_command,
     meta_noop_command,
     meta_set_command,
     read_meta_replies,
@@ -145,6 +146,10 @@ ENCODED: list[tuple[bytes, bytes]] = [
     ),
     (meta_arithmetic_command(b"n", compare_cas=9, quiet=True), b"ma n C9 v q\r\n"),
     (meta_noop_command(), b"mn\r\n"),
+    (meta_get_many_command([b"a", b"b"]), b"mg a v f k q\r\nmg b v f k q\r\nmn\r\n"),
+    (meta_get_many_command((b"a",), cas=True), b"mg a v f k c q\r\nmn\r\n"),
+    (meta_get_many_command([b"\x00"], base64_key=True), b"mg AA== b v f k q\r\nmn\r\n"),
+    (meta_get_many_command([]), b"mn\r\n"),
 ]
 
 
@@ -245,6 +250,24 @@ def test_encoders_refuse_bad_arguments_with_typed_errors(
     args = (key, arguments.pop("value")) if "value" in arguments else (key,)
     with pytest.raises(error, match=message):
         encoder(*args, **arguments)
+
+
+@pytest.mark.parametrize(
+    ("keys", "options", "error"),
+    [
+        (b"ab", {}, InvalidArgumentError),
+        ("ab", {}, InvalidArgumentError),
+        ([b"ok", b"not ok"], {}, InvalidKeyError),
+        ([b"ok", "text"], {}, InvalidKeyError),
+        ([b""], {"base64_key": True}, InvalidKeyError),
+        ([b"ok"], {"cas": None}, InvalidArgumentError),
+    ],
+)
+def test_multi_get_refuses_bad_keys_and_options(
+    keys: Any, options: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        meta_get_many_command(keys, **options)
 
 
 def test_refusals_are_value_errors_of_the_project_family() -> None:
