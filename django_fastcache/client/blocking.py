@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .._mypyc import mypyc_attr
 from ..errors import (
     CommandError,
     ConnectFailedError,
@@ -249,6 +250,8 @@ class BlockingConnection:
         self._sock.close()
 
 
+# Compiled, it may still be subclassed from Python (tests, wrappers).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class BlockingClient(CommandSet):
     """The commands over blocking sockets; drive its coroutines with ``run_blocking``."""
 
