@@ -29,30 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from django_fastcache.bridge import run_blocking
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.cluster import ClientSettings, Cluster
-from django_fastcache.client.meta import MetaCommands
 from django_fastcache.testing.servers import MemcachedServer
 
 VALUE = b"x" * 100
 MANY = 100
 
 
-class WithMeta(MetaCommands):
-    """The meta commands over the blocking client's own I/O primitives, for as long as its
-    class lacks them (a compiled BlockingClient cannot be subclassed from Python)."""
-
-    def __init__(self, client: BlockingClient) -> None:
-        self.client = client
-        self.cluster = client.cluster
-
-    async def _request(self, *args: Any) -> Any:
-        return await self.client._request(*args)
-
-    async def _pipelines(self, *args: Any) -> Any:
-        return await self.client._pipelines(*args)
-
-
 def cases(client: BlockingClient) -> dict[str, Callable[[], Coroutine[Any, Any, object]]]:
-    meta: Any = client if isinstance(client, MetaCommands) else WithMeta(client)
     many = [b"many-%d" % i for i in range(MANY)]
     for key in many[::2]:
         run_blocking(client.set(key, VALUE))
@@ -60,15 +43,15 @@ def cases(client: BlockingClient) -> dict[str, Callable[[], Coroutine[Any, Any, 
     run_blocking(client.set(b"counter", b"0"))
     return {
         "get hit": lambda: client.get(b"hit"),
-        "meta_get hit": lambda: meta.meta_get(b"hit"),
+        "meta_get hit": lambda: client.meta_get(b"hit"),
         "get miss": lambda: client.get(b"miss"),
-        "meta_get miss": lambda: meta.meta_get(b"miss"),
+        "meta_get miss": lambda: client.meta_get(b"miss"),
         "set": lambda: client.set(b"written", VALUE),
-        "meta_set": lambda: meta.meta_set(b"written", VALUE),
+        "meta_set": lambda: client.meta_set(b"written", VALUE),
         "incr": lambda: client.incr(b"counter"),
-        "meta_arithmetic": lambda: meta.meta_arithmetic(b"counter"),
+        "meta_arithmetic": lambda: client.meta_arithmetic(b"counter"),
         f"get_many {MANY}": lambda: client.get_many(many),
-        f"meta_get_many {MANY}": lambda: meta.meta_get_many(many),
+        f"meta_get_many {MANY}": lambda: client.meta_get_many(many),
     }
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -15,7 +14,8 @@ from django_fastcache.bridge import run_blocking
 from django_fastcache.client import Client
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.cluster import ClientSettings, Cluster
-from django_fastcache.client.meta import MetaCommands, MetaCount
+from django_fastcache.client.commands import CommandSet
+from django_fastcache.client.meta import MetaCount
 from django_fastcache.errors import (
     ClientError,
     InvalidArgumentError,
@@ -27,72 +27,19 @@ from django_fastcache.testing.fake_server import FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer
 
 from ..conftest import MemcachedCluster
+from .client_runner import Runner, runner_fixture
 
-T = TypeVar("T")
 S = MetaStatus
 
 
-class WithMeta(MetaCommands):
-    """The meta commands over a client's own I/O primitives, its other commands passed
-    through: for a client whose class does not have them (a compiled BlockingClient
-    cannot be subclassed from Python)."""
-
-    def __init__(self, client: Client | BlockingClient) -> None:
-        self.client = client
-        self.cluster = client.cluster
-
-    async def _request(self, *args: Any) -> Any:
-        return await self.client._request(*args)
-
-    async def _pipelines(self, *args: Any) -> Any:
-        return await self.client._pipelines(*args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
-
-
-def with_meta(client: Client | BlockingClient) -> Any:
-    """The client itself once its class has the meta commands, else a WithMeta over it."""
-    return client if isinstance(client, MetaCommands) else WithMeta(client)
-
-
-Scenario = Callable[[Any], Coroutine[Any, Any, T]]
-
-
-class MetaRunner:
-    """Runs a scenario on a fresh client of one kind and closes it afterwards."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-    def __call__(self, servers: list[str], scenario: Scenario[T], **settings: Any) -> T:
-        if self.kind == "async":
-            return asyncio.run(self._run_async(servers, scenario, settings))
-        client = BlockingClient(Cluster(servers, ClientSettings(**settings)))
-        try:
-            return run_blocking(scenario(with_meta(client)))
-        finally:
-            client.close_thread_connections()
-
-    @staticmethod
-    async def _run_async(servers: list[str], scenario: Scenario[T], settings: Any) -> T:
-        client = Client(servers, **settings)
-        try:
-            return await scenario(with_meta(client))
-        finally:
-            await client.aclose()
-
-
-@pytest.fixture(params=["async", "blocking"])
-def run(request: pytest.FixtureRequest) -> MetaRunner:
-    return MetaRunner(request.param)
+run = runner_fixture()
 
 
 # -- get and set ----------------------------------------------------------------------------
 
 
-def test_set_then_get_with_flags_cas_and_ttl(run: MetaRunner, memcached: MemcachedServer) -> None:
-    async def scenario(client: Any) -> Any:
+def test_set_then_get_with_flags_cas_and_ttl(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> Any:
         stored = await client.meta_set(b"k", b"value", flags=7, exptime=300, return_cas=True)
         got = await client.meta_get(b"k", cas=True, ttl=True)
         return stored, got, await client.meta_get(b"missing")
@@ -108,11 +55,11 @@ def test_set_then_get_with_flags_cas_and_ttl(run: MetaRunner, memcached: Memcach
 
 
 def test_values_holding_protocol_bytes_come_back_exact(
-    run: MetaRunner, memcached: MemcachedServer
+    run: Runner, memcached: MemcachedServer
 ) -> None:
     values = [b"", b"\r\nMN\r\n", b"EN\r\nVA 3\r\n", bytes(range(256)) * 300]
 
-    async def scenario(client: Any) -> list[bytes | None]:
+    async def scenario(client: CommandSet) -> list[bytes | None]:
         for index, value in enumerate(values):
             await client.meta_set(b"v%d" % index, value)
         replies = [await client.meta_get(b"v%d" % index) for index in range(len(values))]
@@ -121,8 +68,8 @@ def test_values_holding_protocol_bytes_come_back_exact(
     assert run([memcached.location], scenario) == values
 
 
-def test_touch_hit_and_last_access(run: MetaRunner, memcached: MemcachedServer) -> None:
-    async def scenario(client: Any) -> Any:
+def test_touch_hit_and_last_access(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> Any:
         await client.meta_set(b"k", b"v", exptime=100)
         first = await client.meta_get(b"k", hit=True, last_access=True, touch=1000, ttl=True)
         second = await client.meta_get(b"k", hit=True, ttl=True, value=False)
@@ -137,8 +84,8 @@ def test_touch_hit_and_last_access(run: MetaRunner, memcached: MemcachedServer) 
     assert second.value is None
 
 
-def test_set_modes(run: MetaRunner, memcached: MemcachedServer) -> None:
-    async def scenario(client: Any) -> Any:
+def test_set_modes(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> Any:
         outcomes = [
             (await client.meta_set(b"k", b"b", mode="replace")).status,  # missing: refused
             (await client.meta_set(b"k", b"b", mode="add")).status,
@@ -155,8 +102,8 @@ def test_set_modes(run: MetaRunner, memcached: MemcachedServer) -> None:
     assert value == b"abc"
 
 
-def test_classic_and_meta_commands_share_items(run: MetaRunner, memcached: MemcachedServer) -> None:
-    async def scenario(client: Any) -> Any:
+def test_classic_and_meta_commands_share_items(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> Any:
         await client.set(b"classic", b"one", flags=3)
         await client.meta_set(b"meta", b"two", flags=4)
         return await client.meta_get(b"classic"), await client.get(b"meta")
@@ -169,10 +116,8 @@ def test_classic_and_meta_commands_share_items(run: MetaRunner, memcached: Memca
 # -- leases ---------------------------------------------------------------------------------
 
 
-def test_two_callers_on_a_miss_exactly_one_wins(
-    run: MetaRunner, memcached: MemcachedServer
-) -> None:
-    async def scenario(client: Any) -> Any:
+def test_two_callers_on_a_miss_exactly_one_wins(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> Any:
         first = await client.meta_get(b"lease", vivify=30, cas=True)
         second = await client.meta_get(b"lease", vivify=30, cas=True)
         return first, second
@@ -186,9 +131,8 @@ def test_two_callers_on_a_miss_exactly_one_wins(
 def test_many_concurrent_tasks_one_win(memcached: MemcachedServer) -> None:
     async def scenario() -> list[Any]:
         client = Client([memcached.location], max_connections=8)
-        meta = with_meta(client)
         try:
-            return await asyncio.gather(*[meta.meta_get(b"hot", vivify=30) for _ in range(60)])
+            return await asyncio.gather(*[client.meta_get(b"hot", vivify=30) for _ in range(60)])
         finally:
             await client.aclose()
 
@@ -200,14 +144,13 @@ def test_many_concurrent_tasks_one_win(memcached: MemcachedServer) -> None:
 def test_many_threads_one_win(memcached: MemcachedServer) -> None:
     # The blocking client keeps one connection per thread: 50 connections race for the stub.
     client = BlockingClient(Cluster([memcached.location], ClientSettings()))
-    meta = with_meta(client)
     wins: list[bool] = []
     barrier = threading.Barrier(50)
 
     def caller() -> None:
         barrier.wait()
         try:
-            reply = run_blocking(meta.meta_get(b"hot", vivify=30))
+            reply = run_blocking(client.meta_get(b"hot", vivify=30))
             wins.append(reply.win)
         finally:
             client.close_thread_connections()
@@ -222,9 +165,9 @@ def test_many_threads_one_win(memcached: MemcachedServer) -> None:
 
 
 def test_winner_stores_with_its_cas_and_the_stub_becomes_a_value(
-    run: MetaRunner, memcached: MemcachedServer
+    run: Runner, memcached: MemcachedServer
 ) -> None:
-    async def scenario(client: Any) -> Any:
+    async def scenario(client: CommandSet) -> Any:
         lease = await client.meta_get(b"k", vivify=30, cas=True)
         stored = await client.meta_set(b"k", b"fresh", cas=lease.cas, exptime=60)
         return lease, stored, await client.meta_get(b"k", vivify=30)
@@ -237,9 +180,9 @@ def test_winner_stores_with_its_cas_and_the_stub_becomes_a_value(
 
 
 def test_store_with_the_lease_cas_fails_after_a_delete(
-    run: MetaRunner, memcached: MemcachedServer
+    run: Runner, memcached: MemcachedServer
 ) -> None:
-    async def scenario(client: Any) -> Any:
+    async def scenario(client: CommandSet) -> Any:
         lease = await client.meta_get(b"k", vivify=30, cas=True)
         deleted = await client.meta_delete(b"k")
         stored = await client.meta_set(b"k", b"old data", cas=lease.cas)
@@ -253,9 +196,9 @@ def test_store_with_the_lease_cas_fails_after_a_delete(
 
 
 def test_store_with_a_stale_cas_fails_after_another_write(
-    run: MetaRunner, memcached: MemcachedServer
+    run: Runner, memcached: MemcachedServer
 ) -> None:
-    async def scenario(client: Any) -> Any:
+    async def scenario(client: CommandSet) -> Any:
         lease = await client.meta_get(b"k", vivify=30, cas=True)
         await client.meta_set(b"k", b"newer")
         stored = await client.meta_set(b"k", b"older", cas=lease.cas)
@@ -267,9 +210,9 @@ def test_store_with_a_stale_cas_fails_after_another_write(
 
 
 def test_invalidate_then_readers_see_stale_and_one_wins(
-    run: MetaRunner, memcached: MemcachedServer
+    run: Runner, memcached: MemcachedServer
 ) -> None:
-    async def scenario(client: Any) -> Any:
+    async def scenario(client: CommandSet) -> Any:
         await client.meta_set(b"k", b"old")
         before = await client.meta_get(b"k", cas=True)
         invalidated = await client.meta_delete(b"k", invalidate=True, exptime=30)
@@ -294,8 +237,8 @@ def test_invalidate_then_readers_see_stale_and_one_wins(
     assert (after.value, after.stale, after.win) == (b"new", False, False)
 
 
-def test_recache_wins_before_expiry(run: MetaRunner, memcached: MemcachedServer) -> None:
-    async def scenario(client: Any) -> Any:
+def test_recache_wins_before_expiry(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> Any:
         await client.meta_set(b"k", b"v", exptime=20)
         far = await client.meta_get(b"k", recache=5)
         near = await client.meta_get(b"k", recache=60)
@@ -308,8 +251,8 @@ def test_recache_wins_before_expiry(run: MetaRunner, memcached: MemcachedServer)
     assert again.won_elsewhere
 
 
-def test_delete_with_cas(run: MetaRunner, memcached: MemcachedServer) -> None:
-    async def scenario(client: Any) -> Any:
+def test_delete_with_cas(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> Any:
         stored = await client.meta_set(b"k", b"v", return_cas=True)
         wrong = await client.meta_delete(b"k", cas=stored.cas + 1)
         right = await client.meta_delete(b"k", cas=stored.cas)
@@ -321,8 +264,8 @@ def test_delete_with_cas(run: MetaRunner, memcached: MemcachedServer) -> None:
 # -- counters -------------------------------------------------------------------------------
 
 
-def test_arithmetic(run: MetaRunner, memcached: MemcachedServer) -> None:
-    async def scenario(client: Any) -> list[MetaCount]:
+def test_arithmetic(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> list[MetaCount]:
         return [
             await client.meta_arithmetic(b"n"),
             await client.meta_arithmetic(b"n", vivify=0, initial=10),
@@ -339,10 +282,8 @@ def test_arithmetic(run: MetaRunner, memcached: MemcachedServer) -> None:
     assert added.cas != created.cas
 
 
-def test_arithmetic_keeps_the_ttl_and_honours_cas(
-    run: MetaRunner, memcached: MemcachedServer
-) -> None:
-    async def scenario(client: Any) -> Any:
+def test_arithmetic_keeps_the_ttl_and_honours_cas(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> Any:
         await client.meta_set(b"n", b"1", exptime=500)
         counted = await client.meta_arithmetic(b"n")
         wrong = await client.meta_arithmetic(b"n", cas=counted.cas + 1)
@@ -358,9 +299,9 @@ def test_arithmetic_keeps_the_ttl_and_honours_cas(
 
 
 def test_arithmetic_on_a_non_number_is_a_client_error(
-    run: MetaRunner, memcached: MemcachedServer
+    run: Runner, memcached: MemcachedServer
 ) -> None:
-    async def scenario(client: Any) -> Any:
+    async def scenario(client: CommandSet) -> Any:
         await client.meta_set(b"k", b"text")
         with pytest.raises(ClientError, match="non-numeric"):
             await client.meta_arithmetic(b"k")
@@ -372,11 +313,11 @@ def test_arithmetic_on_a_non_number_is_a_client_error(
 # -- quiet multi-get ------------------------------------------------------------------------
 
 
-def test_get_many_over_every_node(run: MetaRunner, memcached_cluster: MemcachedCluster) -> None:
+def test_get_many_over_every_node(run: Runner, memcached_cluster: MemcachedCluster) -> None:
     keys = [b"key-%d" % i for i in range(400)]
     stored = {key: b"\r\nMN\r\n" + key for key in keys[::3]}
 
-    async def scenario(client: Any) -> Any:
+    async def scenario(client: CommandSet) -> Any:
         for key, value in stored.items():
             await client.meta_set(key, value, flags=len(key))
         return await client.meta_get_many(iter(keys + keys[:10]), cas=True)
@@ -388,17 +329,17 @@ def test_get_many_over_every_node(run: MetaRunner, memcached_cluster: MemcachedC
         assert reply.cas is not None
 
 
-def test_get_many_of_nothing_and_of_misses(run: MetaRunner, memcached: MemcachedServer) -> None:
-    async def scenario(client: Any) -> Any:
+def test_get_many_of_nothing_and_of_misses(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> Any:
         return await client.meta_get_many([]), await client.meta_get_many([b"a", b"b"])
 
     assert run([memcached.location], scenario) == ({}, {})
 
 
-def test_binary_keys(run: MetaRunner, memcached_cluster: MemcachedCluster) -> None:
+def test_binary_keys(run: Runner, memcached_cluster: MemcachedCluster) -> None:
     keys = [b"\x00\r\n \xff", b"plain", bytes(range(186))]
 
-    async def scenario(client: Any) -> Any:
+    async def scenario(client: CommandSet) -> Any:
         for key in keys:
             await client.meta_set(key, key[::-1], base64_key=True)
         one = await client.meta_get(keys[0], base64_key=True)
@@ -416,9 +357,9 @@ def test_binary_keys(run: MetaRunner, memcached_cluster: MemcachedCluster) -> No
 
 
 def test_too_large_value_raises_and_the_connection_stays_usable(
-    run: MetaRunner, memcached: MemcachedServer
+    run: Runner, memcached: MemcachedServer
 ) -> None:
-    async def scenario(client: Any) -> Any:
+    async def scenario(client: CommandSet) -> Any:
         await client.meta_set(b"k", b"small")
         with pytest.raises(ValueTooLargeError):
             await client.meta_set(b"k", b"x" * (2 * 1024 * 1024))
@@ -432,10 +373,8 @@ def test_too_large_value_raises_and_the_connection_stays_usable(
     assert after.value == b"again"
 
 
-def test_bad_arguments_are_refused_before_sending(
-    run: MetaRunner, memcached: MemcachedServer
-) -> None:
-    async def scenario(client: Any) -> None:
+def test_bad_arguments_are_refused_before_sending(run: Runner, memcached: MemcachedServer) -> None:
+    async def scenario(client: CommandSet) -> None:
         with pytest.raises(InvalidKeyError):
             await client.meta_get(b"a b")
         with pytest.raises(InvalidKeyError):
@@ -449,10 +388,8 @@ def test_bad_arguments_are_refused_before_sending(
     run([memcached.location], scenario)
 
 
-def test_noop_and_detection_on_every_node(
-    run: MetaRunner, memcached_cluster: MemcachedCluster
-) -> None:
-    async def scenario(client: Any) -> Any:
+def test_noop_and_detection_on_every_node(run: Runner, memcached_cluster: MemcachedCluster) -> None:
+    async def scenario(client: CommandSet) -> Any:
         await client.meta_noop()
         return await client.speaks_meta()
 
@@ -462,12 +399,12 @@ def test_noop_and_detection_on_every_node(
     assert all(answers.values())
 
 
-def test_a_server_without_meta_support_is_told_apart(run: MetaRunner) -> None:
+def test_a_server_without_meta_support_is_told_apart(run: Runner) -> None:
     # The fake speaks only the classic protocol and answers ERROR to anything else, as
     # memcached before 1.6 does.
     with FakeMemcached(values={b"k": b"v"}) as fake:
 
-        async def scenario(client: Any) -> Any:
+        async def scenario(client: CommandSet) -> Any:
             answers = await client.speaks_meta()
             return answers, await client.get(b"k")  # classic commands still work
 
