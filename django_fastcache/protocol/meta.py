@@ -198,7 +198,8 @@ def meta_set_command(
     ``return_cas`` (``c``) and ``return_key`` (``k``) ask for those; ``quiet`` (``q``)
     suppresses ``HD``.
     """
-    parts = [b"ms", _key_token(key, base64_key), b"%d" % len(_value_bytes(value))]
+    data = _value_bytes(value)
+    parts = [b"ms", _key_token(key, base64_key), b"%d" % len(data)]
     if base64_key:
         parts.append(b"b")
     mode_token = _SET_MODES.get(mode) if type(mode) is str else None
@@ -224,7 +225,7 @@ def meta_set_command(
         ("quiet", quiet, b"q"),
     )
     _add_opaque(parts, opaque)
-    return b"".join((b" ".join(parts), _CRLF, _value_bytes(value), _CRLF))
+    return b"".join((b" ".join(parts), _CRLF, data, _CRLF))
 
 
 def meta_delete_command(
