@@ -36,15 +36,18 @@ from .bridge import run_blocking
 from .client.blocking import BlockingClient
 from .client.cluster import Cluster
 from .client.commands import CommandSet
+from .client.failures import refusal_error
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
 from .errors import (
     CommandError,
     FastCacheError,
+    LocalResourceError,
     NetworkError,
     NonIntegerValueError,
     ProtocolError,
 )
 from .expiry import memcached_exptime
+from .logs import RateLimit, logger
 from .serializers import FLAG_INTEGER
 
 T = TypeVar("T")
@@ -55,6 +58,7 @@ FLUSH_MARK = b""
 _MAX_RETRIES = 3
 #: What marks a node out: it could not be reached, or it answered with bytes that do not
 #: parse (its connection is discarded; whether a write took effect is unknown either way).
+#: A LocalResourceError (this process out of descriptors) is not one: see _memcached_failed.
 NODE_FAILURES = (NetworkError, ProtocolError)
 
 
@@ -81,6 +85,9 @@ class TierMetrics:
     replayed_keys: int = 0
     #: Nodes this process marked out.
     nodes_marked_out: int = 0
+    #: Calls this process could not send for want of its own resources (descriptors):
+    #: reads were answered by the disk tier, no node was marked out.
+    local_failures: int = 0
     by_node: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
@@ -114,16 +121,57 @@ class TieredStore:
         disk.lock_wait = 2 * cluster.settings.timeout
         self.metrics = TierMetrics()
         self._on_node_out = on_node_out
+        #: Per node: why the latest probe failed (for the repeated "still out" warning).
+        self.last_probe_error: dict[int, str] = {}
+        self._warnings = RateLimit()
 
     # -- health --------------------------------------------------------------------------
-    def node_failed(self, node: int) -> None:
+    def node_failed(self, node: int, cause: BaseException | None = None) -> None:
         if self.states.mark_out(node):
             self.metrics.nodes_marked_out += 1
+            logger.warning(
+                "memcached node %s is out (%s): its keys are served by the disk tier at %s "
+                "until a background probe brings it back",
+                self.cluster.node_ids[node],
+                _describe(cause),
+                self.directory,
+            )
             if self._on_node_out is not None:
                 self._on_node_out(self.cluster.node_ids[node])
 
-    def _disk_failed(self, key: bytes | None = None) -> None:
+    def _memcached_failed(self, node: int, exc: FastCacheError, *, read: bool) -> None:
+        """memcached failed its part of an operation on ``node``: mark the node out when the
+        failure is the node's, and raise ``exc`` again when it is not.
+
+        Host-wide node state changes only on evidence about the node. A process out of
+        descriptors (:class:`LocalResourceError`) leaves the node alone: a read is answered
+        by the disk tier; a write is refused (journaling it would need the node out)."""
+        if isinstance(exc, LocalResourceError):
+            self.metrics.local_failures += 1
+            if self._warnings.allow(("local", node)):
+                logger.warning(
+                    "could not reach memcached node %s from this process: %s; %s",
+                    self.cluster.node_ids[node],
+                    exc,
+                    "reads are answered by the disk tier, writes fail"
+                    " (the node stays up for other processes)",
+                )
+            if read:
+                return
+            raise exc
+        if isinstance(exc, NODE_FAILURES):
+            self.node_failed(node, exc)
+            return
+        if isinstance(exc, CommandError):
+            refused = refusal_error(exc, self.cluster.node_ids[node])
+            if refused is not None:  # memcached's connection limit, seen as a reply
+                self.node_failed(node, refused)
+                return
+        raise exc
+
+    def _disk_failed(self, key: bytes | None = None, error: BaseException | None = None) -> None:
         self.metrics.disk_failures += 1
+        self._log_disk_failure(error)
         if key is not None:
             # The entry may now be older than memcached's value: it must not answer a miss,
             # in any process. (Deleting it would need the disk that just failed.)
@@ -141,8 +189,8 @@ class TieredStore:
     def _disk_read(self, key: bytes) -> tuple[bytes, int] | None:
         try:
             entry = self._fresh(key, self.disk.get(key), time.time())
-        except DiskError:
-            self._disk_failed()
+        except DiskError as exc:
+            self._disk_failed(None, exc)
             return None
         return None if entry is None else (entry.data, entry.flags)
 
@@ -165,19 +213,30 @@ class TieredStore:
                     result = disk_write()
                 except DiskError as exc:
                     failure = exc
-        except DiskError:
+        except DiskError as exc:
             # Not even journaled: the write is lost, and the disk entries it was to replace
             # must not answer.
-            self._distrust(keys)
+            self._distrust(keys, exc)
             raise
         self.metrics.journaled += len(keys)
         if failure is not None:
-            self._distrust(keys)
+            self._distrust(keys, failure)
             raise failure
         return True, result
 
-    def _distrust(self, keys: list[bytes]) -> None:
+    def _log_disk_failure(self, error: BaseException | None) -> None:
+        if self._warnings.allow("disk"):
+            logger.warning(
+                "the disk tier at %s failed: %s; memcached's answers stand, the entries "
+                "involved no longer answer (further failures are counted in tier_stats(), "
+                "logged at most once a minute)",
+                self.directory,
+                _describe(error),
+            )
+
+    def _distrust(self, keys: list[bytes], error: BaseException | None = None) -> None:
         self.metrics.disk_failures += 1
+        self._log_disk_failure(error)
         now = time.time()
         for key in keys:
             self.states.distrust(key, now)
@@ -188,8 +247,8 @@ class TieredStore:
         if not self.states.is_out(node):
             try:
                 item = await client.get(key)
-            except NODE_FAILURES:
-                self.node_failed(node)
+            except FastCacheError as exc:
+                self._memcached_failed(node, exc, read=True)
             else:
                 if item is not None:
                     return item.value, item.flags
@@ -216,12 +275,12 @@ class TieredStore:
                         added = run_blocking(
                             self.blocking.add(key, entry.data, flags=entry.flags, exptime=exptime)
                         )
-                    except NODE_FAILURES:
-                        self.node_failed(node)
+                    except FastCacheError as exc:
+                        self._memcached_failed(node, exc, read=True)
                     else:
                         self.metrics.refills += added
-        except DiskError:
-            self._disk_failed()
+        except DiskError as exc:
+            self._disk_failed(None, exc)
             return None
         self.metrics.disk_hits += 1
         return entry.data, entry.flags
@@ -239,7 +298,9 @@ class TieredStore:
         if up:
             try:
                 items = await client.get_many(up)
-            except NODE_FAILURES:
+            except FastCacheError as exc:
+                if not isinstance(exc, NODE_FAILURES) and refusal_error(exc, "") is None:
+                    raise
                 # Some node failed: settle each key on its own (marking nodes out as needed).
                 for key in keys:
                     value = await self.get(client, key)
@@ -275,8 +336,8 @@ class TieredStore:
                     return both(node)
                 except _WentOut:
                     pass  # marked out while it waited for the disk lock: journal it
-                except NODE_FAILURES:
-                    self.node_failed(node)
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)
             try:
                 done, result = self._journaled(node, [key], disk_only)
             except DiskError:
@@ -318,16 +379,16 @@ class TieredStore:
                         meanwhile=lambda: self._write_disk(key, data, flags, ttl),
                     )
                 )
-        except DiskError:
+        except DiskError as exc:
             # No lock, or no commit: the disk entry must not answer; memcached still gets it.
-            self._disk_failed(key)
+            self._disk_failed(key, exc)
             return run_blocking(self.blocking.set(key, data, flags=flags, exptime=exptime))
 
     def _write_disk(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> None:
         try:
             self.disk.set(key, data, flags, ttl)
-        except DiskError:
-            self._disk_failed(key)
+        except DiskError as exc:
+            self._disk_failed(key, exc)
 
     async def add(
         self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
@@ -350,8 +411,8 @@ class TieredStore:
                 if added:
                     self._write_disk(key, data, flags, ttl)
                 return added
-        except DiskError:
-            self._disk_failed(key)
+        except DiskError as exc:
+            self._disk_failed(key, exc)
             return run_blocking(self.blocking.add(key, data, flags=flags, exptime=exptime))
 
     async def set_many(
@@ -409,13 +470,13 @@ class TieredStore:
             if not self.states.is_out(node):
                 try:
                     touched = await client.touch(key, memcached_exptime(ttl, time.time()))
-                except NODE_FAILURES:
-                    self.node_failed(node)
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)
                 else:
                     try:
                         self.disk.touch(key, ttl)
-                    except DiskError:
-                        self._disk_failed(key)
+                    except DiskError as exc:
+                        self._disk_failed(key, exc)
                     return touched
             try:
                 done, touched_on_disk = self._journaled(
@@ -443,8 +504,8 @@ class TieredStore:
                     raise _WentOut
                 self.disk.delete(key)
                 return run_blocking(self.blocking.delete(key))
-        except DiskError:
-            self._disk_failed(key)
+        except DiskError as exc:
+            self._disk_failed(key, exc)
             return run_blocking(self.blocking.delete(key))
 
     async def delete_many(self, client: CommandSet, keys: Iterable[bytes]) -> None:
@@ -488,8 +549,8 @@ class TieredStore:
                     else:
                         self.disk.set(key, b"%d" % value, entry.flags, entry.remaining_seconds(now))
                 return value
-        except DiskError:
-            self._disk_failed(key)
+        except DiskError as exc:
+            self._disk_failed(key, exc)
             return on_memcached()
 
     def _incr_disk(self, key: bytes, delta: int) -> int | None:
@@ -511,21 +572,21 @@ class TieredStore:
         if up:
             try:
                 await client.flush_all(nodes=up)
-            except NODE_FAILURES:
+            except FastCacheError:
                 # Flush each node on its own to learn which ones failed.
                 for node in up:
                     try:
                         await client.flush_all(nodes=[node])
-                    except NODE_FAILURES:
-                        self.node_failed(node)
+                    except FastCacheError as exc:
+                        self._memcached_failed(node, exc, read=False)
                         out.append(node)
         for node in out:
             with contextlib.suppress(DiskError):
                 self._journaled(node, [FLUSH_MARK], lambda: None)
         try:
             self.disk.clear()
-        except DiskError:
-            self._disk_failed()
+        except DiskError as exc:
+            self._disk_failed(None, exc)
             self.states.distrust(None, time.time())  # every entry is now out of date
 
     # -- bringing a node back ------------------------------------------------------------
@@ -546,7 +607,7 @@ class TieredStore:
                     run_blocking(self.blocking.delete_many(keys))
                 Journal.forget(connection, node_id)
                 self.states.mark_up(node)
-        except DiskError:
+        except DiskError as journal_error:
             # The journal cannot be read (its directory removed, its file corrupt, locked
             # for good): any key may have changed while the node was out, so the node is
             # flushed whole instead. (A write the journal could not take was not kept on
@@ -554,14 +615,31 @@ class TieredStore:
             # good, and memcached is never used again.
             try:
                 run_blocking(self.blocking.flush_all(nodes=[node]))
-            except FastCacheError:
+            except FastCacheError as exc:
+                self.last_probe_error[node] = _describe(exc)
                 return None
             self.states.mark_up(node)
             keys = []
-        except FastCacheError:
+            logger.warning(
+                "memcached node %s is back; its outage journal could not be read (%s), so "
+                "the node was flushed whole instead of replaying it",
+                node_id,
+                _describe(journal_error),
+            )
+        except FastCacheError as exc:
             # Unreachable, or anything else that stopped the replay (a refused command, a
             # reply that does not parse): the node stays out, its journal intact.
+            self.last_probe_error[node] = _describe(exc)
             return None
+        else:
+            logger.warning(
+                "memcached node %s is back: %s",
+                node_id,
+                f"replayed {len(keys)} journaled key(s) as deletes"
+                if FLUSH_MARK not in keys
+                else "flushed it, as a clear() was journaled while it was out",
+            )
+        self.last_probe_error.pop(node, None)
         self.metrics.replays += 1
         self.metrics.replayed_keys += len(keys)
         return len(keys)
@@ -595,4 +673,11 @@ class TieredStore:
             "replays": metrics.replays,
             "replayed_keys": metrics.replayed_keys,
             "nodes_marked_out": metrics.nodes_marked_out,
+            "local_failures": metrics.local_failures,
         }
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "no detail"
+    return f"{type(error).__name__}: {error}"

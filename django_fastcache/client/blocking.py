@@ -25,7 +25,6 @@ from typing import Any
 from .._mypyc import mypyc_attr
 from ..errors import (
     CommandError,
-    ConnectFailedError,
     ConnectionLostError,
     FastCacheError,
     OperationTimeoutError,
@@ -46,6 +45,7 @@ from . import forksafe
 from .address import Address
 from .cluster import Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
+from .failures import connect_error
 from .thread_connections import ThreadConnections
 
 # Larger replies take several reads; most take one.
@@ -112,7 +112,8 @@ class BlockingConnection:
                 f"connecting to {address} took longer than {connect_timeout}s"
             ) from None
         except OSError as exc:
-            raise ConnectFailedError(f"cannot connect to {address}: {exc}") from exc
+            # Out of descriptors is this process's trouble, not the node's.
+            raise connect_error(address, exc) from exc
         # A blocking socket whose timeouts the kernel enforces (SO_RCVTIMEO/SO_SNDTIMEO):
         # one recv() or send() system call each, where Python's own socket timeouts add a
         # poll() before every call.

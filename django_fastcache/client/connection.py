@@ -14,8 +14,15 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, cast
 
-from ..errors import ConnectionLostError, FastCacheError, OperationTimeoutError, ProtocolError
+from ..errors import (
+    CommandError,
+    ConnectionLostError,
+    FastCacheError,
+    OperationTimeoutError,
+    ProtocolError,
+)
 from ..protocol import ReplyKind, ReplyParser
+from .failures import REFUSAL_LINE, refusal_error, refused
 
 
 class Connection(asyncio.Protocol):
@@ -61,7 +68,11 @@ class Connection(asyncio.Protocol):
         parser = self._parser
         pending = self._pending
         if not pending:
-            self.abort(ProtocolError(f"unsolicited data from the server: {data[:60]!r}"))
+            if data.startswith(REFUSAL_LINE):
+                # memcached's connection limit: it says so at once, then closes.
+                self.abort(refused(self.address))
+            else:
+                self.abort(ProtocolError(f"unsolicited data from the server: {data[:60]!r}"))
             return
         parser.feed(data)
         while pending:
@@ -72,6 +83,9 @@ class Connection(asyncio.Protocol):
                 self.abort(exc)
                 return
             if reply is None:
+                return
+            if isinstance(reply, CommandError) and refusal_error(reply, self.address):
+                self.abort(refused(self.address))
                 return
             pending.popleft()
             self._deadlines.popleft()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 
 from ..errors import (
-    CommandError,
     ConnectFailedError,
     LocalResourceError,
     NetworkError,
@@ -46,7 +45,7 @@ def connect_error(address: object, exc: OSError) -> NetworkError:
     return ConnectFailedError(f"cannot connect to {address}: {exc}")
 
 
-def refusal_error(reply: CommandError, address: object) -> ServerRefusedConnectionError | None:
+def refusal_error(reply: BaseException, address: object) -> ServerRefusedConnectionError | None:
     """The error for memcached's connection-limit refusal, or None for any other reply.
 
     memcached answers ``ERROR Too many open connections`` and closes: the connection is

@@ -1,0 +1,123 @@
+"""memcached at its connection limit (``-c``): it answers a new connection with
+``ERROR Too many open connections`` and closes it.
+
+That is the node refusing us, a network failure: callers get a NetworkError
+(:class:`ServerRefusedConnectionError`), never an "unknown command" or a protocol error,
+and with the disk tier on no exception reaches the caller at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from django_fastcache.backends import FastCache
+from django_fastcache.bridge import run_blocking
+from django_fastcache.client import Client
+from django_fastcache.client.blocking import BlockingClient
+from django_fastcache.client.cluster import ClientSettings, Cluster
+from django_fastcache.errors import NetworkError, ServerRefusedConnectionError
+from django_fastcache.testing.servers import MemcachedServer
+from tests.conftest import forget_stacks
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+TIMEOUT = 0.5
+
+
+@pytest.fixture(scope="module")
+def full_server() -> Iterator[MemcachedServer]:
+    """A memcached whose every connection slot is taken: any new connection is refused."""
+    server = MemcachedServer(extra_args=["-c", "20"]).start()
+    held: list[socket.socket] = []
+    try:
+        for _ in range(100):
+            sock = socket.create_connection((server.host, server.port), timeout=2)
+            sock.sendall(b"version\r\n")
+            reply = sock.recv(100)
+            if reply.startswith(b"ERROR Too many open connections"):
+                sock.close()
+                break
+            assert reply.startswith(b"VERSION"), reply
+            held.append(sock)
+        else:
+            pytest.fail("memcached never reached its connection limit")
+        yield server
+    finally:
+        for sock in held:
+            sock.close()
+        server.kill()
+
+
+def test_the_async_client_gets_a_network_error(full_server: MemcachedServer) -> None:
+    async def scenario() -> list[BaseException]:
+        client = Client([full_server.location], timeout=TIMEOUT)
+        errors: list[BaseException] = []
+        try:
+            for call in (client.get(b"k"), client.set(b"k", b"v"), client.get_many([b"a", b"b"])):
+                try:
+                    await call
+                except BaseException as exc:
+                    errors.append(exc)
+        finally:
+            await client.aclose()
+        return errors
+
+    errors = asyncio.run(scenario())
+    assert len(errors) == 3
+    for error in errors:
+        assert isinstance(error, ServerRefusedConnectionError), repr(error)
+        assert isinstance(error, NetworkError)
+        assert "too many open connections" in str(error)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="blocking.py does not yet map the refusal (failures.refusal_error): an "
+    "UnknownCommandError reaches the caller first",
+)
+def test_the_blocking_client_gets_a_network_error(full_server: MemcachedServer) -> None:
+    client = BlockingClient(Cluster([full_server.location], ClientSettings(timeout=TIMEOUT)))
+    try:
+        for _ in range(3):
+            with pytest.raises(NetworkError):
+                run_blocking(client.get(b"k"))
+    finally:
+        client.close_thread_connections()
+
+
+def test_with_the_tier_on_no_error_reaches_the_caller(
+    full_server: MemcachedServer, tmp_path: Path
+) -> None:
+    directory = tmp_path / "disk"
+    cache = FastCache(
+        [full_server.location],
+        {
+            "OPTIONS": {
+                "disk_directory": str(directory),
+                "operation_timeout": TIMEOUT,
+                "connect_timeout": TIMEOUT,
+            }
+        },
+    )
+    try:
+        cache.set("k", "v")
+        assert cache.get("k") == "v"  # from the disk tier
+        assert cache.add("other", 1) is True
+        assert cache.incr("other") == 2
+        assert cache.get_many(["k", "other"]) == {"k": "v", "other": 2}
+        cache.delete("k")
+        assert cache.get("k") is None
+
+        async def native() -> object:
+            await cache.aset("a", "b")
+            return await cache.aget("a")
+
+        assert asyncio.run(native()) == "b"
+        assert cache.tier_stats()["nodes"][full_server.location]["state"] == "out"
+    finally:
+        forget_stacks(directory)
