@@ -17,7 +17,9 @@ import threading
 import time
 import weakref
 
+from . import logs
 from .disk import DiskError
+from .logs import logger
 from .signals import node_back
 from .tiered import TieredStore
 
@@ -36,6 +38,8 @@ class Maintenance:
         self._pid = os.getpid()
         # Per (store, node): when to probe next, and the current backoff.
         self._next_probe: dict[tuple[int, int], tuple[float, float]] = {}
+        # Per (store, node) out: since when (monotonic), and when it was last warned about.
+        self._out_since: dict[tuple[int, int], tuple[float, float]] = {}
 
     def register(self, store: TieredStore) -> None:
         self._after_fork_check()
@@ -60,6 +64,7 @@ class Maintenance:
             self._lock = threading.Lock()
             self._wake = threading.Event()
             self._next_probe.clear()
+            self._out_since.clear()
 
     def ensure_running(self) -> None:
         self._after_fork_check()
@@ -89,8 +94,10 @@ class Maintenance:
             now = time.monotonic()
             if now >= next_cull:
                 for store in stores:
-                    with contextlib.suppress(DiskError):
+                    try:
                         store.disk.cull()
+                    except DiskError as exc:
+                        store._disk_failed(None, exc)
                 next_cull = now + CULL_INTERVAL
             self._wake.wait(MIN_BACKOFF if anything_out else IDLE_TICK)
             self._wake.clear()
@@ -101,9 +108,11 @@ class Maintenance:
             slot = (id(store), node)
             if not store.states.is_out(node):
                 self._next_probe.pop(slot, None)
+                self._out_since.pop(slot, None)
                 continue
             anything_out = True
             now = time.monotonic()
+            self._warn_while_out(store, node, slot, now)
             due, backoff = self._next_probe.get(slot, (now, MIN_BACKOFF))
             if now < due:
                 continue
@@ -113,6 +122,7 @@ class Maintenance:
                 self._next_probe[slot] = (time.monotonic() + backoff, backoff)
                 continue
             self._next_probe.pop(slot, None)
+            self._out_since.pop(slot, None)
             with contextlib.suppress(Exception):  # a receiver's error must not stop probing
                 node_back.send(
                     sender=TieredStore,
@@ -121,6 +131,24 @@ class Maintenance:
                     replayed_keys=replayed,
                 )
         return anything_out
+
+    def _warn_while_out(
+        self, store: TieredStore, node: int, slot: tuple[int, int], now: float
+    ) -> None:
+        """Say again, every ``logs.REPEAT_INTERVAL`` seconds, that a node is still out (the
+        first warning came when it went out, from whichever process marked it)."""
+        since, warned = self._out_since.setdefault(slot, (now, now))
+        if now - warned < logs.REPEAT_INTERVAL:
+            return
+        self._out_since[slot] = (since, now)
+        logger.warning(
+            "memcached node %s is still out (for %.0f s seen from this process); its keys are "
+            "served by the disk tier at %s; latest probe: %s",
+            store.cluster.node_ids[node],
+            now - since,
+            store.directory,
+            store.last_probe_error.get(node, "not probed yet"),
+        )
 
 
 #: The one maintenance thread of the process.
