@@ -33,6 +33,7 @@ from django_fastcache.errors import (
     ValueTooLargeError,
 )
 from django_fastcache.protocol.keys import show_bytes
+from django_fastcache.protocol.meta import MetaResult, read_meta_replies
 
 
 class ReplyKind(enum.IntEnum):
@@ -76,7 +77,7 @@ class Item(NamedTuple):
 
 _RETRIEVAL = ReplyKind.RETRIEVAL
 
-Reply = list[Item] | Status | int | str | dict[str, str] | CommandError
+Reply = list[Item] | list[MetaResult] | Status | int | str | dict[str, str] | CommandError
 """What next_reply returns for a complete reply; see ReplyParser.next_reply."""
 
 _UINT32_MAX = 2**32 - 1
@@ -194,8 +195,9 @@ class ReplyParser:
         RETRIEVAL gives a list of Item (empty when nothing was found); STORAGE, DELETE,
         TOUCH and OK give a Status; ARITHMETIC gives the new value as an int, or
         Status.NOT_FOUND; VERSION gives the version text; STATS gives a dict of name to
-        value. In place of any of these an error line gives an UnknownCommandError,
-        ClientError, ServerError or ValueTooLargeError instance.
+        value; META gives the list of meta replies up to ``MN`` (see
+        :mod:`django_fastcache.protocol.meta`). In place of any of these an error line gives
+        an UnknownCommandError, ClientError, ServerError or ValueTooLargeError instance.
 
         After None, call again with the same kind once more bytes have been fed.
         Raises ProtocolError when the bytes do not follow the protocol; the parser is
@@ -416,11 +418,9 @@ class ReplyParser:
                 return stats
             return self._error_line(pos, end, "stats")
 
-    def _read_meta(self) -> Reply | None:
-        # A list of MetaReply or CommandError, read by meta.py (imported here to keep it a
-        # module of its own); _scan keeps its progress between calls.
-        from django_fastcache.protocol.meta import read_meta_replies
-
+    def _read_meta(self) -> list[MetaResult] | None:
+        # A list of MetaReply or CommandError, read by meta.py; _scan keeps its progress
+        # between calls.
         try:
             replies, self._pos, self._scan = read_meta_replies(
                 self._buffer, self._pos, self._scan, self._max_value_size, self._max_line_length
@@ -428,7 +428,7 @@ class ReplyParser:
         except ProtocolError as exc:
             self._fail(str(exc))
             raise
-        return replies  # type: ignore[return-value]
+        return replies
 
     # -- shared steps ----------------------------------------------------------------------
 
