@@ -16,7 +16,7 @@ from django.utils.module_loading import import_string
 
 from .backends.options import parse_options
 from .client.address import NoServerError, parse_address, parse_locations
-from .disk.location import default_directory, writable_by_others
+from .disk.location import default_directory, unsafe_reason
 from .errors import ConfigurationError
 
 
@@ -72,13 +72,13 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
                 messages.append(Error(f"CACHES[{alias!r}]: {exc}", id="django_fastcache.E012"))
         if options.disk_tier:
             directory = options.disk_directory or default_directory(servers)
-            if writable_by_others(directory):
+            reason = unsafe_reason(directory)
+            if reason is not None:
+                unsafe, _, fix = reason.partition(". Fix: ")
                 messages.append(
                     Error(
-                        f"CACHES[{alias!r}]: the disk tier directory {directory} is writable "
-                        "by other users (or not owned by this user); its values are unpickled "
-                        "when read.",
-                        hint=f"Use a directory only this user can write (chmod 700 {directory}).",
+                        f"CACHES[{alias!r}]: {unsafe}.",
+                        hint=f"{fix}." if fix else "Use a directory only this user can write.",
                         id="django_fastcache.E014",
                     )
                 )

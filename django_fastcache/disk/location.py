@@ -1,4 +1,12 @@
-"""Where a cache's disk tier lives when no ``disk_directory`` is given, and its checks."""
+"""Where a cache's disk tier lives when no ``disk_directory`` is given, and its checks.
+
+The disk tier's values are unpickled when read, so whoever can write to its directory, or
+replace it, can run code in the Django process. Like ssh's ``StrictModes``, the directory
+is refused unless it and every directory above it are safe: the directory itself owned by
+this user and writable by no one else; each parent owned by this user or root and writable
+by no one else, unless it has the sticky bit (as ``/tmp`` has), under which nobody may
+rename or remove another user's entries. Directories the disk tier creates are made 0700.
+"""
 
 from __future__ import annotations
 
@@ -19,27 +27,102 @@ def default_directory(servers: Sequence[str]) -> str:
 
 
 def _usable(base: str) -> bool:
+    """Whether ``base`` can hold the disk tier: safe, or safe once created."""
+    if unsafe_reason(base) is not None:
+        return False  # another user's, or anyone's to write: look elsewhere
     try:
-        os.makedirs(base, mode=0o700, exist_ok=True)
+        make_private(base)
     except OSError:
         return False
     return os.access(base, os.W_OK | os.X_OK)
 
 
+def make_private(directory: str) -> None:
+    """Create ``directory`` and any missing parent, each 0700 (``os.makedirs`` would give
+    the parents the umask's mode, which may let the group write)."""
+    missing: list[str] = []
+    path = os.path.abspath(directory)
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
+
+
+def unsafe_reason(directory: str) -> str | None:
+    """Why ``directory`` (or a directory above it) must not hold the disk tier; None when
+    it may. Parts that do not exist yet are not judged (they will be created 0700)."""
+    uid = os.getuid()
+    target = path = os.path.realpath(directory)
+    while True:
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            info = None
+        if info is not None:
+            # The directory itself must be ours alone; a parent may be root's too.
+            reason = _judge(directory, path, info, uid, own=path == target)
+            if reason is not None:
+                return reason
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
+def _judge(directory: str, path: str, info: os.stat_result, uid: int, own: bool) -> str | None:
+    risk = (
+        "another local user could then put values there, and values are unpickled when read "
+        "(code run in this process)"
+    )
+    writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    mode = f"mode {stat.S_IMODE(info.st_mode):04o}"
+    if own:
+        if info.st_uid != uid:
+            return (
+                f"the disk tier directory {directory} is owned by another user "
+                f"(uid {info.st_uid}, this process runs as uid {uid}); {risk}. Fix: use a "
+                "disk_directory of this user's own"
+            )
+        if writable:
+            return (
+                f"the disk tier directory {directory} is writable by other users ({mode}); "
+                f"{risk}. Fix: chmod 700 {directory}"
+            )
+        return None
+    if info.st_uid not in (uid, 0):
+        return (
+            f"the disk tier directory {directory} is refused: its parent {path} is owned by "
+            f"another user (uid {info.st_uid}), who could replace the directory; {risk}. Fix: "
+            "choose a disk_directory whose every parent is owned by this user or root"
+        )
+    if writable and not info.st_mode & stat.S_ISVTX:
+        return (
+            f"the disk tier directory {directory} is refused: its parent {path} is writable "
+            f"by other users ({mode}, no sticky bit), who could replace the directory; {risk}. "
+            f"Fix: chmod go-w {path}, or choose a disk_directory whose parents only their "
+            "owner can write"
+        )
+    return None
+
+
 def writable_by_others(directory: str) -> bool:
-    """True when the group or others may write to ``directory`` (or it is not ours)."""
-    try:
-        info = os.stat(directory)
-    except FileNotFoundError:
-        return False
-    return bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) or info.st_uid != os.getuid()
+    """True when another user could write to ``directory`` or replace it."""
+    return unsafe_reason(directory) is not None
 
 
 def prepare(directory: str) -> None:
-    """Create ``directory`` (0700) and refuse one that others may write to."""
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    if writable_by_others(directory):
-        raise PermissionError(
-            f"the disk tier directory {directory} is writable by other users; "
-            "its contents are unpickled: use a directory only this user can write (chmod 700)"
-        )
+    """Create ``directory`` (0700, missing parents too) and refuse an unsafe one."""
+    reason = unsafe_reason(directory)  # before creating anything under a hostile parent
+    if reason is None:
+        make_private(directory)
+        reason = unsafe_reason(directory)
+    if reason is not None:
+        raise PermissionError(reason)

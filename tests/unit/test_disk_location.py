@@ -1,0 +1,129 @@
+"""The disk tier's directory rules (like ssh's StrictModes): the directory and every
+directory above it must be safe from other local users, whose values would be unpickled.
+
+The tests run as root, so hostile directories are made with os.chown to another uid and
+chmod; the permission bits are judged, not what root happens to be allowed to do.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_fastcache.backends import FastCache
+from django_fastcache.checks import check_fastcache_settings
+from django_fastcache.disk.location import default_directory, prepare, unsafe_reason
+from django_fastcache.testing.servers import free_port
+
+OTHER_UID = 4242
+
+
+@pytest.fixture
+def parent(tmp_path: Path) -> Iterator[Path]:
+    """A parent directory the test may make hostile; made ours again afterwards."""
+    path = tmp_path / "parent"
+    path.mkdir(mode=0o755)
+    yield path
+    os.chown(path, os.getuid(), os.getgid())
+    path.chmod(0o755)
+
+
+needs_chown = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+
+
+def test_a_safe_chain_is_accepted_and_missing_parts_are_made_0700(parent: Path) -> None:
+    target = parent / "a" / "b" / "disk"
+    old_umask = os.umask(0o002)  # a umask that would let the group write
+    try:
+        prepare(str(target))
+    finally:
+        os.umask(old_umask)
+    for path in (parent / "a", parent / "a" / "b", target):
+        assert path.stat().st_mode & 0o777 == 0o700, path
+    assert unsafe_reason(str(target)) is None
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_a_parent_others_can_write_is_refused(parent: Path, mode: int) -> None:
+    parent.chmod(mode)
+    target = parent / "disk"
+    with pytest.raises(PermissionError) as caught:
+        prepare(str(target))
+    message = str(caught.value)
+    assert f"its parent {parent} is writable by other users" in message
+    assert f"chmod go-w {parent}" in message
+    assert not target.exists()  # nothing was created under it
+
+
+def test_a_sticky_parent_like_tmp_is_accepted(parent: Path) -> None:
+    parent.chmod(0o1777)
+    prepare(str(parent / "disk"))
+    assert unsafe_reason(str(parent / "disk")) is None
+
+
+@needs_chown
+def test_a_parent_owned_by_another_user_is_refused(parent: Path) -> None:
+    os.chown(parent, OTHER_UID, -1)
+    target = parent / "deeper" / "disk"
+    with pytest.raises(PermissionError, match=rf"its parent {parent} is owned by another user"):
+        prepare(str(target))
+    assert not (parent / "deeper").exists()
+
+
+@needs_chown
+def test_a_directory_owned_by_another_user_is_refused(parent: Path) -> None:
+    target = parent / "disk"
+    target.mkdir(mode=0o700)
+    os.chown(target, OTHER_UID, -1)
+    try:
+        with pytest.raises(PermissionError, match=f"uid {OTHER_UID}"):
+            prepare(str(target))
+    finally:
+        os.chown(target, os.getuid(), -1)
+
+
+@needs_chown
+def test_the_default_directory_avoids_a_cache_home_of_another_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hostile = tmp_path / "their-cache"
+    hostile.mkdir(mode=0o755)
+    os.chown(hostile, OTHER_UID, -1)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(hostile))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir(mode=0o1777)
+    chosen = default_directory(["127.0.0.1:11211"])
+    assert not chosen.startswith(str(hostile))
+    assert chosen.startswith(str(tmp_path / "tmp" / f"django-fastcache-{os.getuid()}"))
+    assert unsafe_reason(chosen) is None
+
+
+def test_the_backend_refuses_a_directory_under_a_hostile_parent(parent: Path) -> None:
+    parent.chmod(0o777)
+    directory = parent / "disk"
+    cache = FastCache(f"127.0.0.1:{free_port()}", {"OPTIONS": {"disk_directory": str(directory)}})
+    with pytest.raises(ImproperlyConfigured, match="writable by other users"):
+        cache.get("k")
+    assert not directory.exists()
+
+
+def test_the_system_check_names_a_hostile_parent(parent: Path) -> None:
+    parent.chmod(0o777)
+    caches = {
+        "default": {
+            "BACKEND": "django_fastcache.backends.FastCache",
+            "LOCATION": "127.0.0.1:11211",
+            "OPTIONS": {"disk_directory": str(parent / "disk")},
+        }
+    }
+    with override_settings(CACHES=caches):
+        messages = check_fastcache_settings()
+    assert [m.id for m in messages] == ["django_fastcache.E014"]
+    assert f"its parent {parent}" in messages[0].msg
+    assert messages[0].hint.startswith(f"chmod go-w {parent}, or choose")
