@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from django_fastcache.backends import FastCache
 from django_fastcache.client import Client
 from django_fastcache.errors import OperationTimeoutError
 from django_fastcache.protocol import Item
@@ -216,5 +217,48 @@ def test_waiting_for_a_connection_is_bounded_by_the_timeout(
             assert await client.get(b"b") == Item(b"b", b"b", 0, None)
         finally:
             await client.aclose()
+
+    run(scenario())
+
+
+def test_cancelled_backend_calls_with_the_tier_on_leave_the_pool_whole(
+    run: Callable[[Coroutine[Any, Any, Any]], Any], server: MemcachedServer, disk_directory: str
+) -> None:
+    """Through the Django backend with the disk tier on, where a lost pool would hide behind
+    timeouts answered from disk: afterwards no call falls back to the disk tier."""
+    cache = FastCache(
+        [server.location],
+        {"OPTIONS": {"disk_directory": disk_directory, "max_connections": MAX_CONNECTIONS}},
+    )
+
+    async def scenario() -> None:
+        rnd = random.Random(11)
+        for _ in range(600):
+            calls = [
+                cache.aget(f"b{rnd.randrange(10)}")
+                if rnd.random() < 0.6
+                else cache.aset(f"b{rnd.randrange(10)}", rnd.randrange(100))
+                for _ in range(rnd.randint(1, 8))
+            ]
+            tasks = [asyncio.ensure_future(call) for call in calls]
+            for _ in range(rnd.randrange(6)):
+                await asyncio.sleep(0)
+            for task in tasks:
+                if rnd.random() < 0.6:
+                    task.cancel()
+            for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+                if not isinstance(outcome, asyncio.CancelledError | None | int):
+                    raise AssertionError(outcome)
+        assert_pool_whole(cache.client, server)
+        stats = cache.tier_stats()
+        assert stats is not None
+        fallbacks = stats["fallbacks"]
+        await cache.aset("after", "yes")
+        assert await asyncio.gather(*[cache.aget("after") for _ in range(50)]) == ["yes"] * 50
+        stats = cache.tier_stats()
+        assert stats is not None
+        assert stats["fallbacks"] == fallbacks  # every one answered by memcached
+        assert stats["nodes"][server.location]["state"] == "up"
+        await cache.client.aclose()
 
     run(scenario())
