@@ -49,10 +49,14 @@ def main() -> None:
         import uvloop
 
         runner = uvloop.run
-    with MemcachedServer() as server:
+    server = MemcachedServer()
+    server.start()
+    try:
         for number in range(args.rounds):
             rate, cpu = runner(one_round(server.location, args.tasks, args.calls, args.connections))
             print(f"round {number}: {rate:,.0f} gets/s, {cpu * 1e6:.1f} µs CPU per get")
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":
