@@ -28,6 +28,7 @@ from ..errors import (
     ConnectionLostError,
     FastCacheError,
     OperationTimeoutError,
+    UnknownCommandError,
 )
 from ..protocol import (
     Item,
@@ -45,7 +46,7 @@ from . import forksafe
 from .address import Address
 from .cluster import Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
-from .failures import connect_error
+from .failures import connect_error, refusal_error
 from .thread_connections import ThreadConnections
 
 # Larger replies take several reads; most take one.
@@ -193,6 +194,10 @@ class BlockingConnection:
                     self._read(socket.MSG_DONTWAIT)
                 reply = parser.next_reply(kind, keys)
             replies.append(reply)
+            if reply.__class__ is UnknownCommandError:
+                refused = refusal_error(reply, self.address)
+                if refused is not None:
+                    raise refused  # the caller discards the connection
         self._restore_kernel_timeout()
         return replies
 
@@ -326,6 +331,11 @@ class BlockingClient(CommandSet):
             self._discard(node)
             raise
         if isinstance(reply, CommandError):
+            refused = refusal_error(reply, self.cluster.addresses[node])
+            if refused is not None:
+                # memcached's connection limit: it closes this connection right after.
+                self._discard(node)
+                raise refused
             raise reply
         return reply
 

@@ -75,17 +75,16 @@ def test_the_async_client_gets_a_network_error(full_server: MemcachedServer) -> 
         assert "too many open connections" in str(error)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="blocking.py does not yet map the refusal (failures.refusal_error): an "
-    "UnknownCommandError reaches the caller first",
-)
 def test_the_blocking_client_gets_a_network_error(full_server: MemcachedServer) -> None:
     client = BlockingClient(Cluster([full_server.location], ClientSettings(timeout=TIMEOUT)))
     try:
         for _ in range(3):
             with pytest.raises(NetworkError):
                 run_blocking(client.get(b"k"))
+            with pytest.raises(ServerRefusedConnectionError):
+                client.get_now(b"k")
+            with pytest.raises(NetworkError):
+                run_blocking(client.get_many([b"k", b"j"]))
     finally:
         client.close_thread_connections()
 
