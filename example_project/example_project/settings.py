@@ -7,7 +7,8 @@ per-view cache, the template fragment cache and the sessions):
     fastcache (memcached only) | fastcache-tiered (with its disk tier)
 
 Without it: ``fastcache-tiered`` when memcached answers at ``EXAMPLE_MEMCACHED``, else
-``locmem`` (see cache_choice.py). The WSGI entry point (gunicorn, and runserver, which loads it) prints the choice.
+``locmem`` (see cache_choice.py). The WSGI entry point (gunicorn, and runserver, which
+loads it) prints the choice.
 
 The servers come from ``EXAMPLE_MEMCACHED`` (``host:port`` or ``unix:/path``, default
 127.0.0.1:11211) and ``EXAMPLE_REDIS`` (default redis://127.0.0.1:6379/1); directory-based
