@@ -33,6 +33,7 @@ from django_fastcache.errors import (
     ServerError,
     ValueTooLargeError,
 )
+from django_fastcache.protocol.commands import _checked_int, _value_bytes
 from django_fastcache.protocol.keys import MAX_KEY_LENGTH, key_problem, show_bytes, validate_key
 
 _UINT32_MAX = 2**32 - 1
@@ -364,25 +365,6 @@ def _add_opaque(parts: list[bytes], opaque: object) -> None:
         raise InvalidArgumentError(f"opaque token {problem}")
     assert isinstance(opaque, bytes)
     parts.append(b"O" + opaque)
-
-
-def _checked_int(name: str, value: object, low: int, high: int) -> int:
-    # bool is an int subclass, but True as a TTL is a caller's mistake.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise InvalidArgumentError(f"{name} must be between {low} and {high}, got {value}")
-    return value
-
-
-def _value_bytes(value: object) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise InvalidArgumentError(
-        f"values must be bytes, bytearray or memoryview, got {type(value).__name__}"
-    )
 
 
 # -- replies -------------------------------------------------------------------------------
