@@ -197,7 +197,10 @@ class FastCache(BaseCache):
         try:
             # Kept as given, the way Django's memcached backends keep it.
             self._servers = parse_locations(server)  # type: ignore[arg-type]
-        except (ConfigurationError, TypeError):
+        except ConfigurationError as exc:
+            self._servers = []
+            self._configuration_error = f"Bad FastCache LOCATION: {exc}"
+        except TypeError:
             self._servers = []
             self._configuration_error = (
                 f"Bad FastCache LOCATION: a string or a list of strings, got {server!r}."

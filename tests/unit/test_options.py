@@ -384,6 +384,13 @@ def test_backend_with_a_location_of_the_wrong_type_raises_on_use(location: Any) 
         cache.get("k")
 
 
+@pytest.mark.parametrize("location", ["", [], "  "])
+def test_backend_with_no_server_says_so_on_use(location: Any) -> None:
+    cache = FastCache(location, {})
+    with pytest.raises(ImproperlyConfigured, match="names no memcached server"):
+        cache.get("k")
+
+
 def test_backend_takes_good_options() -> None:
     cache = FastCache(
         NOWHERE, {"OPTIONS": {"serializer": "json", "max_value_size": 100}, "TIMEOUT": 7}
