@@ -119,6 +119,8 @@ class TieredStore:
         # refills); a write waiting for it gives up only well after that round trip would
         # have timed out (failing would leave the key's disk entry out of date).
         disk.lock_wait = 2 * cluster.settings.timeout
+        #: Seconds between a node answering a probe again and its journal's replay.
+        self.replay_settle = 2 * cluster.settings.timeout
         self.metrics = TierMetrics()
         self._on_node_out = on_node_out
         #: Per node: why the latest probe failed (for the repeated "still out" warning).
@@ -597,6 +599,11 @@ class TieredStore:
         node_id = self.cluster.node_ids[node]
         try:
             run_blocking(self.blocking.version(nodes=[node]))
+            # Requests that timed out while the node hung may still sit in its sockets and
+            # run now that it answers again, on other memcached threads, in any order with
+            # ours: let them land first, so that the replay's deletes come after them.
+            # (Connections that failed were reset, so nothing of theirs is still unsent.)
+            time.sleep(self.replay_settle)
             with self.journal.transaction() as connection:
                 if not self.states.is_out(node):
                     return 0

@@ -15,6 +15,7 @@ inherited sockets are closed in the child, which leaves the parent's untouched).
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import struct
@@ -54,6 +55,9 @@ _RECV_SIZE = 64 * 1024
 # Reads allowed past a call's deadline, of bytes that had already arrived: enough for a
 # full socket receive buffer, never an endless stream.
 _LATE_READS = 128
+
+# SO_LINGER on, for 0 seconds: close() resets the connection.
+_ABORT_LINGER = struct.pack("ii", 1, 0)
 
 _RETRIEVAL = ReplyKind.RETRIEVAL
 _STORAGE = ReplyKind.STORAGE
@@ -252,7 +256,13 @@ class BlockingConnection:
             self._kernel_timeout = self.timeout
             _set_kernel_timeouts(self._sock, self.timeout)
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Close the socket; with ``abort``, by a reset (``SO_LINGER`` 0), which throws
+        away whatever of a failed request is still unsent, so that it cannot reach the
+        server later (after an outage's replay, say)."""
+        if abort:
+            with contextlib.suppress(OSError):
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _ABORT_LINGER)
         self._sock.close()
 
 
@@ -291,7 +301,7 @@ class BlockingClient(CommandSet):
     def _discard(self, node: int) -> None:
         connection = self._local.by_node.pop(node, None)
         if connection is not None:
-            connection.close()
+            connection.close(abort=True)
 
     def _exchange(
         self,
