@@ -27,9 +27,9 @@ import os
 import re
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from .bridge import run_blocking
 from .client.blocking import BlockingClient
@@ -49,6 +49,7 @@ from .protocol import (
 __all__ = ["ENVIRONMENT", "Client", "RelStorageSettings"]
 
 log = logging.getLogger("django_fastcache.relstorage")
+_T = TypeVar("_T")
 
 # The flags pylibmc (and python-memcached) give values, read from what they store: plain
 # bytes 0, zlib-compressed 8 (``relstorage.pylibmc_wrapper`` compresses values over 1000
@@ -352,28 +353,21 @@ class Client:
 
     def delete(self, key: str) -> bool | None:
         """Remove ``key``; True when it existed, None on failure."""
-        shared = self._shared
-        if shared is None:
-            return None
-        try:
-            wire = _wire_key(key)
-            node = shared.cluster.node_index(wire)
-            if not shared.usable(node):
-                return None
-            try:
-                return shared.client.delete_now(wire)
-            except CommandError as exc:
-                log.debug("delete %r refused: %s", key, exc)
-                return False
-            except FastCacheError as exc:
-                shared.failed(node, exc)
-                return None
-        except Exception:
-            log.exception("delete %r failed", key)
-            return None
+        return self._one_key("delete", key, lambda client, wire: client.delete_now(wire), False)
 
     def incr(self, key: str, delta: int = 1) -> int | None:
         """Add ``delta`` on the server; the new value, or None (older RelStorage releases)."""
+        return self._one_key("incr", key, lambda client, wire: client.incr_now(wire, delta), None)
+
+    def _one_key(
+        self,
+        name: str,
+        key: str,
+        call: Callable[[BlockingClient, bytes], _T],
+        refused: _T | None,
+    ) -> _T | None:
+        """``call`` on the node of ``key``: ``refused`` when the server refuses it, None
+        when the node is skipped or fails (counted against it), never an exception."""
         shared = self._shared
         if shared is None:
             return None
@@ -383,15 +377,15 @@ class Client:
             if not shared.usable(node):
                 return None
             try:
-                return shared.client.incr_now(wire, delta)
+                return call(shared.client, wire)
             except CommandError as exc:
-                log.debug("incr %r refused: %s", key, exc)
-                return None
+                log.debug("%s %r refused: %s", name, key, exc)
+                return refused
             except FastCacheError as exc:
                 shared.failed(node, exc)
                 return None
         except Exception:
-            log.exception("incr %r failed", key)
+            log.exception("%s %r failed", name, key)
             return None
 
     # -- whole servers -------------------------------------------------------------------
