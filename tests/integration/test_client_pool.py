@@ -162,29 +162,51 @@ async def _open_four(client: Client) -> None:
 def test_idle_connections_beyond_the_minimum_are_closed(
     server: MemcachedServer, probe: Probe
 ) -> None:
+    """No call is made after the burst: the pool's own timer lets the extra three go."""
     baseline = probe.current()
 
-    async def scenario() -> list[int]:
+    async def scenario() -> None:
         client = Client([server.location], min_connections=1, max_connections=4, idle_timeout=0.05)
         try:
             await _open_four(client)
             assert metrics(client, server)["open"] == 4
             assert probe.current() == baseline + 4
-            await asyncio.sleep(0.1)  # longer than idle_timeout: all four are now stale
-            open_after_each = []
-            for _ in range(5):
-                # Each returned connection lets the pool drop its longest-idle one.
-                assert await client.get(b"idle:0") is not None
-                open_after_each.append(metrics(client, server)["open"])
+            await eventually(lambda: metrics(client, server)["open"] == 1)
             assert metrics(client, server)["closed"] == 3
             assert metrics(client, server)["idle"] == 1
-            # The server sees the connections go.
+            # The server sees the connections go, and the minimum stays for good.
             await eventually(lambda: probe.current() == baseline + 1)
-            return open_after_each
+            await asyncio.sleep(0.1)
+            assert metrics(client, server)["open"] == 1
+            assert await client.get(b"idle:0") is not None
+            assert metrics(client, server)["opened"] == 4
         finally:
             await client.aclose()
 
-    assert asyncio.run(scenario()) == [3, 2, 1, 1, 1]
+    asyncio.run(scenario())
+
+
+def test_a_busy_pool_keeps_what_it_uses_and_drops_the_rest(
+    server: MemcachedServer, probe: Probe
+) -> None:
+    """One connection stays busy while the other three sit idle: only those three go."""
+
+    async def scenario() -> None:
+        client = Client([server.location], min_connections=1, max_connections=4, idle_timeout=0.2)
+        try:
+            await _open_four(client)
+            began = time.monotonic()
+            # Sequential calls reuse the most recently used connection and keep it fresh.
+            while metrics(client, server)["open"] > 1:
+                assert await client.get(b"idle:0") is not None
+                await asyncio.sleep(0.01)
+                assert time.monotonic() - began < 5, "the idle connections were never closed"
+            assert time.monotonic() - began >= 0.2  # none went before idle_timeout
+            assert metrics(client, server)["closed"] == 3
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_idle_connections_are_kept_within_the_idle_timeout(
