@@ -11,8 +11,10 @@ its branches when they care why:
   discarded.
 * :class:`NetworkError` — connecting failed, the connection dropped, the node is marked
   out, the server refused the connection, or the call ran past its timeout; the connection
-  is discarded. :class:`LocalResourceError` is the one branch that blames this process
-  (out of descriptors), not the node.
+  is discarded. :class:`TLSError` and :class:`AuthenticationError` are connects that failed
+  because the node's certificate or the credentials did not check out.
+  :class:`LocalResourceError` is the one branch that blames this process (out of
+  descriptors), not the node.
 """
 
 from __future__ import annotations
@@ -94,6 +96,15 @@ class LocalResourceError(NetworkError, builtins.ConnectionError):
     It says nothing about the node: the disk tier answers without marking the node out."""
 
 
+class TLSError(ConnectFailedError):
+    """A TLS connection to a node could not be set up: its certificate is not trusted or
+    names another host, or the node does not speak TLS. The message names the fix."""
+
+
+class AuthenticationError(ConnectFailedError):
+    """memcached refused the ``username``/``password`` (ASCII authentication, ``-Y``)."""
+
+
 class ClientClosedError(FastCacheError):
     """The client was closed."""
 
@@ -104,6 +115,7 @@ class ValueRefusedError(FastCacheError, ValueError):
 
 
 __all__ = [
+    "AuthenticationError",
     "ClientClosedError",
     "ClientError",
     "CommandError",
@@ -120,6 +132,7 @@ __all__ = [
     "ProtocolError",
     "ServerError",
     "ServerRefusedConnectionError",
+    "TLSError",
     "UnknownCommandError",
     "ValueRefusedError",
     "ValueTooLargeError",

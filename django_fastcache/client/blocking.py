@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Sequence
@@ -45,9 +46,10 @@ from ..protocol import (
 )
 from . import forksafe
 from .address import Address
-from .cluster import Cluster
+from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .failures import connect_error, refusal_error
+from .security import check_auth_reply, tls_error
 from .thread_connections import ThreadConnections
 
 # Larger replies take several reads; most take one.
@@ -94,31 +96,11 @@ class BlockingConnection:
         "timeout",
     )
 
-    def __init__(self, address: Address, timeout: float, connect_timeout: float,
+    def __init__(self, address: Address, sock: socket.socket, timeout: float,
                  max_value_size: int) -> None:  # fmt: skip
+        """Over ``sock``, connected (see :func:`connect`)."""
         self.address = address
         self.timeout = timeout
-        try:
-            if address.path is not None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(connect_timeout)
-                try:
-                    sock.connect(address.path)
-                except BaseException:
-                    sock.close()
-                    raise
-            else:
-                assert address.host is not None
-                assert address.port is not None
-                sock = socket.create_connection((address.host, address.port), connect_timeout)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except TimeoutError:
-            raise OperationTimeoutError(
-                f"connecting to {address} took longer than {connect_timeout}s"
-            ) from None
-        except OSError as exc:
-            # Out of descriptors is this process's trouble, not the node's.
-            raise connect_error(address, exc) from exc
         # A blocking socket whose timeouts the kernel enforces (SO_RCVTIMEO/SO_SNDTIMEO):
         # one recv() or send() system call each, where Python's own socket timeouts add a
         # poll() before every call.
@@ -266,6 +248,136 @@ class BlockingConnection:
         self._sock.close()
 
 
+class TLSConnection(BlockingConnection):
+    """A :class:`BlockingConnection` over TLS.
+
+    An SSL socket cannot use the kernel's timeouts: a read that runs out of
+    ``SO_RCVTIMEO`` is retried by the TLS layer for ever. So it keeps Python's own socket
+    timeout (a poll before each system call), and it takes no ``recv`` flags. Bytes the TLS
+    layer has decrypted but not handed over count as unread."""
+
+    __slots__ = ("_tls",)
+
+    def __init__(self, address: Address, sock: ssl.SSLSocket, timeout: float,
+                 max_value_size: int) -> None:  # fmt: skip
+        super().__init__(address, sock, timeout, max_value_size)
+        self._tls = sock
+        sock.settimeout(timeout)
+
+    def readable(self) -> bool:
+        return self._parser.unread > 0 or self._tls.pending() > 0 or bool(self._poll.poll(0))
+
+    def _read(self, flags: int = 0) -> None:
+        sock = self._tls
+        try:
+            if not flags:
+                count = sock.recv_into(self._view)
+            elif sock.pending() or self._poll.poll(0):
+                # A late read: only what has arrived, and a record cut short is not waited for.
+                sock.settimeout(0)
+                try:
+                    count = sock.recv_into(self._view)
+                finally:
+                    sock.settimeout(self._kernel_timeout)
+            else:
+                raise self._timed_out()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, TimeoutError):
+            raise self._timed_out() from None
+        except OSError as exc:
+            raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
+        if not count:
+            raise ConnectionLostError(f"{self.address} closed the connection")
+        self._parser.feed(self._view[:count])
+
+    def _limit_kernel_timeout(self, deadline: float) -> bool:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        if remaining < self._kernel_timeout:
+            self._kernel_timeout = remaining
+            self._tls.settimeout(remaining)
+        return True
+
+    def _restore_kernel_timeout(self) -> None:
+        if self._kernel_timeout != self.timeout:
+            self._kernel_timeout = self.timeout
+            self._tls.settimeout(self.timeout)
+
+
+def _open_socket(address: Address, connect_timeout: float) -> socket.socket:
+    """A socket connected to ``address``, in blocking mode no longer than connect_timeout."""
+    try:
+        if address.path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(connect_timeout)
+            try:
+                sock.connect(address.path)
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            assert address.host is not None
+            assert address.port is not None
+            sock = socket.create_connection((address.host, address.port), connect_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except TimeoutError:
+        raise OperationTimeoutError(
+            f"connecting to {address} took longer than {connect_timeout}s"
+        ) from None
+    except OSError as exc:
+        # Out of descriptors is this process's trouble, not the node's.
+        raise connect_error(address, exc) from exc
+    return sock
+
+
+def connect(address: Address, settings: ClientSettings, connect_timeout: float
+            ) -> BlockingConnection:  # fmt: skip
+    """A connection to ``address`` ready for requests: TLS and authentication done as
+    ``settings.security`` asks, all within ``connect_timeout``."""
+    deadline = time.monotonic() + connect_timeout
+    sock = _open_socket(address, connect_timeout)
+    security = settings.security
+    if security is None:
+        return BlockingConnection(address, sock, settings.timeout, settings.max_value_size)
+    connection: BlockingConnection
+    if security.uses_tls(address):
+        assert security.context is not None
+        hostname = security.hostname_for(address)
+        try:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            tls = security.context.wrap_socket(sock, server_hostname=hostname)
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, ssl.SSLError):
+                raise tls_error(address, hostname, exc) from exc
+            if isinstance(exc, TimeoutError):
+                raise OperationTimeoutError(
+                    f"the TLS handshake with {address} took longer than {connect_timeout}s"
+                ) from None
+            if isinstance(exc, OSError):
+                raise ConnectionLostError(f"TLS handshake with {address}: {exc}") from exc
+            raise
+        connection = TLSConnection(address, tls, settings.timeout, settings.max_value_size)
+    else:
+        connection = BlockingConnection(address, sock, settings.timeout, settings.max_value_size)
+    username = security.username
+    if username is not None:
+        try:
+            if not connection._limit_kernel_timeout(deadline):
+                raise OperationTimeoutError(f"connecting to {address} used up connect_timeout")
+            connection.send(security.auth_request(), deadline)
+            reply = connection.receive_one(_STORAGE, deadline)
+            connection._restore_kernel_timeout()
+            refused = refusal_error(reply, address)
+            if refused is not None:
+                raise refused
+            check_auth_reply(reply, address, username)
+        except BaseException:
+            connection.close(abort=True)
+            raise
+    return connection
+
+
 # Compiled, it may still be subclassed from Python (tests, wrappers).
 @mypyc_attr(allow_interpreted_subclasses=True)
 class BlockingClient(CommandSet):
@@ -278,6 +390,8 @@ class BlockingClient(CommandSet):
         # The connections, not the client, are what a forked child must drop (and a
         # compiled client cannot be weakly referenced).
         forksafe.register(self._local)
+        if cluster.dynamic:  # autodiscovery: close connections to nodes that leave
+            cluster.add_listener(None, self._local.drop_nodes)
 
     def _connection(self, node: int, deadline: float) -> BlockingConnection:
         local = self._local
@@ -288,12 +402,11 @@ class BlockingClient(CommandSet):
             connection = None
         if connection is None:
             settings = self.cluster.settings
-            connection = BlockingConnection(
+            connection = connect(
                 self.cluster.addresses[node],
-                settings.timeout,
+                settings,
                 # Connecting counts against the call's timeout too.
                 max(0.001, min(settings.connect_timeout, deadline - time.monotonic())),
-                settings.max_value_size,
             )
             local.by_node[node] = connection
         return connection

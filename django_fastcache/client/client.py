@@ -26,6 +26,7 @@ from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection
 from .pool import Pool, PoolSettings
+from .security import SSLOption, make_security
 
 
 class Client(CommandSet):
@@ -46,7 +47,11 @@ class Client(CommandSet):
         max_connections: int = 4,
         idle_timeout: float = 60.0,
         max_value_size: int = 1024 * 1024,
+        ssl: SSLOption = None,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
+        security = make_security(ssl, username, password)
         settings = ClientSettings(
             timeout=timeout,
             connect_timeout=connect_timeout,
@@ -54,6 +59,7 @@ class Client(CommandSet):
             max_connections=max_connections,
             idle_timeout=idle_timeout,
             max_value_size=max_value_size,
+            security=security,
         )
         self.cluster = Cluster(servers, settings)
         self.timeout = settings.timeout
@@ -63,6 +69,7 @@ class Client(CommandSet):
             idle_timeout=idle_timeout,
             connect_timeout=connect_timeout,
             max_value_size=max_value_size,
+            security=security,
         )
         self._pools_by_loop: dict[asyncio.AbstractEventLoop, list[Pool]] = {}
         self._lock = threading.Lock()

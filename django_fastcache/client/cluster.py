@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError
 from .address import Address, parse_address
 from .hashing import Rendezvous
+from .security import Security
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class ClientSettings:
     idle_timeout: float = 60.0
     #: Largest value a reply may declare; larger is a protocol error.
     max_value_size: int = 1024 * 1024
+    #: TLS and authentication for new connections (see :mod:`.security`); None: neither.
+    security: Security | None = None
 
     def __post_init__(self) -> None:
         if self.timeout <= 0 or self.connect_timeout <= 0:

@@ -2,28 +2,24 @@
 
 A pool lends a connection to one operation at a time. It opens connections on demand up
 to ``max_connections``; callers beyond that wait in FIFO order. Idle connections beyond
-``min_connections`` are closed once they have been idle for ``idle_timeout`` seconds: by a
-timer on the pool's loop, armed only while such connections exist, cancelled by
-:meth:`Pool.close`, and inert in a forked child (it never touches the parent's sockets).
-
-The pool also keeps the node's per-loop counters (calls, latencies, waits; see
-:mod:`.metrics`) and reports request outcomes to the node's health (:mod:`.events`).
+``min_connections`` are closed once they have been idle for ``idle_timeout`` seconds; the
+check runs when connections are returned, so no timer outlives the pool.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ClientClosedError, FastCacheError, OperationTimeoutError
+from ..errors import ClientClosedError, FastCacheError, NetworkError, OperationTimeoutError
 from .address import Address
+from .connect import open_connection
 from .connection import Connection
-from .events import NodeHealth
 from .failures import connect_error
-from .metrics import ClientMetrics, Latencies, PoolStats, new_calls
+from .security import Security
 
 
 @dataclass(frozen=True)
@@ -33,6 +29,7 @@ class PoolSettings:
     idle_timeout: float = 60.0
     connect_timeout: float = 1.0
     max_value_size: int = 1024 * 1024
+    security: Security | None = None
 
 
 @dataclass
@@ -43,13 +40,6 @@ class PoolMetrics:
     connections_closed: int = 0
     connect_failures: int = 0
     waits: int = 0
-    #: Waits that ended with the call's deadline, and the seconds spent waiting.
-    wait_timeouts: int = 0
-    wait_seconds: float = 0.0
-
-
-class _WaitTimeout(OperationTimeoutError):
-    """No connection came free in time: the pool was busy, which says nothing of the node."""
 
 
 class Pool:
@@ -59,11 +49,6 @@ class Pool:
         settings: PoolSettings,
         loop: asyncio.AbstractEventLoop,
         on_connect_failure: Callable[[BaseException], None] | None = None,
-        *,
-        node: int = 0,
-        metrics: ClientMetrics | None = None,
-        health: NodeHealth | None = None,
-        timeout: float = 1.0,
     ) -> None:
         self.address = address
         self.settings = settings
@@ -76,19 +61,6 @@ class Pool:
         self._size = 0  # open connections plus connections being opened
         self._closed = False
         self._on_connect_failure = on_connect_failure
-        # The idle purge's timer, armed while idle connections beyond the minimum exist.
-        self._purge_timer: asyncio.TimerHandle | None = None
-        self._pid = os.getpid()
-        # Request outcomes: this loop's counters (no lock: one loop, one thread) and the
-        # node's process-wide health.
-        self.node = node
-        self._timeout = timeout
-        self._client_metrics = metrics
-        self.calls = new_calls()
-        self.latencies = Latencies() if metrics is not None and metrics.latency else None
-        self._health = health
-        if metrics is not None:
-            metrics.attach(node, self.calls, self.latencies, self._alive, self.stats)
 
     @property
     def size(self) -> int:
@@ -121,16 +93,11 @@ class Pool:
         # drop a result that arrives together with a cancellation, losing the connection.
         waiter: asyncio.Future[Connection | None] = self._loop.create_future()
         self._waiters.append(waiter)
-        metrics = self.metrics
-        metrics.waits += 1
-        began = self._loop.time()
+        self.metrics.waits += 1
         timer = self._loop.call_at(deadline, _expire, waiter, self.address)
         try:
             connection = await waiter
-        except BaseException as exc:
-            metrics.wait_seconds += self._loop.time() - began
-            if isinstance(exc, _WaitTimeout):
-                metrics.wait_timeouts += 1
+        except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 # We were handed something while being cancelled: pass it on.
                 handed = waiter.result()
@@ -143,7 +110,6 @@ class Pool:
             raise
         finally:
             timer.cancel()
-        metrics.wait_seconds += self._loop.time() - began
         if connection is None:
             return await self._open(deadline)
         return connection
@@ -154,15 +120,9 @@ class Pool:
         loop = self._loop
         settings = self.settings
 
-        def factory() -> Connection:
-            return Connection(loop, settings.max_value_size, address)
-
-        if address.path is not None:
-            connecting = loop.create_unix_connection(factory, address.path)
-        else:
-            assert address.host is not None
-            assert address.port is not None
-            connecting = loop.create_connection(factory, address.host, address.port)
+        connecting = open_connection(
+            loop, address, settings.max_value_size, settings.security, settings.connect_timeout
+        )
         # The connect runs as a task of its own, watched here until a timer fires. Whatever
         # stops the watch (timeout, cancellation), the task's outcome is still taken care of:
         # a connection it opens is kept or closed and the slot freed, never lost.
@@ -195,6 +155,8 @@ class Pool:
         exc = task.exception()
         if exc is not None:
             self._slot_freed()
+            if isinstance(exc, NetworkError):  # a refused TLS handshake or credentials
+                raise self._connect_failed(exc) from None
             if isinstance(exc, OSError):
                 raise self._connect_failed(connect_error(address, exc)) from exc
             raise exc
@@ -235,28 +197,16 @@ class Pool:
             if not waiter.done():
                 waiter.set_result(connection)
                 return
-        connection.last_used = self._loop.time()
+        now = time.monotonic()
+        connection.last_used = now
         self._idle.append(connection)
-        if self._purge_timer is None and self._size > self.settings.min_connections:
-            self._purge()
-
-    def _purge(self) -> None:
-        """Close connections idle for ``idle_timeout`` while more than the minimum are open,
-        longest-idle first; re-arm for the next one that may come due."""
-        self._purge_timer = None
-        if self._closed or os.getpid() != self._pid:
-            # Closed, or a forked child running the parent's loop: the sockets are not ours.
-            return
-        idle = self._idle
-        settings = self.settings
-        now = self._loop.time()
-        while idle and self._size > settings.min_connections:
-            oldest = idle[0]
-            due = oldest.last_used + settings.idle_timeout
-            if due > now:
-                self._purge_timer = self._loop.call_at(due, self._purge)
-                return
-            idle.popleft()
+        # Let go of the longest-idle connection when it has sat unused for too long.
+        oldest = self._idle[0]
+        if (
+            now - oldest.last_used > self.settings.idle_timeout
+            and self._size > self.settings.min_connections
+        ):
+            self._idle.popleft()
             oldest.close()
             self._forget()
 
@@ -289,52 +239,8 @@ class Pool:
                 waiter.set_result(None)
                 return
 
-    # -- outcomes of requests, for the metrics and the node's health --------------------------
-    def answered(self, kind: int, deadline: float) -> None:
-        """A request of ``kind`` made with ``deadline`` got its reply (an error reply too)."""
-        self.calls[kind] += 1
-        latencies = self.latencies
-        if latencies is not None:
-            latencies.observe(kind, self._loop.time() - (deadline - self._timeout))
-        health = self._health
-        if health is not None and health.unhealthy:
-            health.answered(self.node)
-
-    def failed(self, kind: int, error: BaseException, replied: bool = False) -> None:
-        """A request of ``kind`` failed with ``error``; ``replied``: the error is the
-        server's reply, already counted by :meth:`answered`."""
-        if not replied:
-            self.calls[kind] += 1
-        if self._client_metrics is not None:
-            self._client_metrics.failed(self.node, kind, error)
-        if self._health is not None and not replied and not isinstance(error, _WaitTimeout):
-            self._health.failed(self.node, error)
-
-    def stats(self) -> PoolStats:
-        metrics = self.metrics
-        idle = len(self._idle)
-        return PoolStats(
-            open=self._size,
-            idle=idle,
-            in_use=self._size - idle,
-            opened=metrics.connections_opened,
-            closed=metrics.connections_closed,
-            connect_failures=metrics.connect_failures,
-            waits=metrics.waits,
-            wait_timeouts=metrics.wait_timeouts,
-            wait_seconds=metrics.wait_seconds,
-        )
-
-    def _alive(self) -> bool:
-        return not self._closed and not self._loop.is_closed()
-
     def close(self) -> None:
-        if self._purge_timer is not None:
-            self._purge_timer.cancel()
-            self._purge_timer = None
         self._closed = True
-        if self._client_metrics is not None:
-            self._client_metrics.detach(self.calls)
         while self._idle:
             self._idle.pop().close()
             self._size -= 1
@@ -351,4 +257,4 @@ def _wake(watch: asyncio.Future[None]) -> None:
 
 def _expire(waiter: asyncio.Future[Connection | None], address: Address) -> None:
     if not waiter.done():
-        waiter.set_exception(_WaitTimeout(f"no connection to {address} in time"))
+        waiter.set_exception(OperationTimeoutError(f"no connection to {address} in time"))
