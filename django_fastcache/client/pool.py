@@ -2,14 +2,18 @@
 
 A pool lends a connection to one operation at a time. It opens connections on demand up
 to ``max_connections``; callers beyond that wait in FIFO order. Idle connections beyond
-``min_connections`` are closed once they have been idle for ``idle_timeout`` seconds; the
-check runs when connections are returned, so no timer outlives the pool.
+``min_connections`` are closed once they have been idle for ``idle_timeout`` seconds: by a
+timer on the pool's loop, armed only while such connections exist, cancelled by
+:meth:`Pool.close`, and inert in a forked child (it never touches the parent's sockets).
+
+The pool also keeps the node's per-loop counters (calls, latencies, waits; see
+:mod:`.metrics`) and reports request outcomes to the node's health (:mod:`.events`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +22,9 @@ from ..errors import ClientClosedError, FastCacheError, NetworkError, OperationT
 from .address import Address
 from .connect import open_connection
 from .connection import Connection
+from .events import NodeHealth
 from .failures import connect_error
+from .metrics import ClientMetrics, Latencies, PoolStats, new_calls
 from .security import Security
 
 
@@ -40,6 +46,13 @@ class PoolMetrics:
     connections_closed: int = 0
     connect_failures: int = 0
     waits: int = 0
+    #: Waits that ended with the call's deadline, and the seconds spent waiting.
+    wait_timeouts: int = 0
+    wait_seconds: float = 0.0
+
+
+class _WaitTimeout(OperationTimeoutError):
+    """No connection came free in time: the pool was busy, which says nothing of the node."""
 
 
 class Pool:
@@ -49,6 +62,11 @@ class Pool:
         settings: PoolSettings,
         loop: asyncio.AbstractEventLoop,
         on_connect_failure: Callable[[BaseException], None] | None = None,
+        *,
+        node: int = 0,
+        metrics: ClientMetrics | None = None,
+        health: NodeHealth | None = None,
+        timeout: float = 1.0,
     ) -> None:
         self.address = address
         self.settings = settings
@@ -61,6 +79,19 @@ class Pool:
         self._size = 0  # open connections plus connections being opened
         self._closed = False
         self._on_connect_failure = on_connect_failure
+        # The idle purge's timer, armed while idle connections beyond the minimum exist.
+        self._purge_timer: asyncio.TimerHandle | None = None
+        self._pid = os.getpid()
+        # Request outcomes: this loop's counters (no lock: one loop, one thread) and the
+        # node's process-wide health.
+        self.node = node
+        self._timeout = timeout
+        self._client_metrics = metrics
+        self.calls = new_calls()
+        self.latencies = Latencies() if metrics is not None and metrics.latency else None
+        self._health = health
+        if metrics is not None:
+            metrics.attach(node, self.calls, self.latencies, self._alive, self.stats)
 
     @property
     def size(self) -> int:
@@ -93,11 +124,16 @@ class Pool:
         # drop a result that arrives together with a cancellation, losing the connection.
         waiter: asyncio.Future[Connection | None] = self._loop.create_future()
         self._waiters.append(waiter)
-        self.metrics.waits += 1
+        metrics = self.metrics
+        metrics.waits += 1
+        began = self._loop.time()
         timer = self._loop.call_at(deadline, _expire, waiter, self.address)
         try:
             connection = await waiter
-        except BaseException:
+        except BaseException as exc:
+            metrics.wait_seconds += self._loop.time() - began
+            if isinstance(exc, _WaitTimeout):
+                metrics.wait_timeouts += 1
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 # We were handed something while being cancelled: pass it on.
                 handed = waiter.result()
@@ -110,6 +146,7 @@ class Pool:
             raise
         finally:
             timer.cancel()
+        metrics.wait_seconds += self._loop.time() - began
         if connection is None:
             return await self._open(deadline)
         return connection
@@ -197,16 +234,28 @@ class Pool:
             if not waiter.done():
                 waiter.set_result(connection)
                 return
-        now = time.monotonic()
-        connection.last_used = now
+        connection.last_used = self._loop.time()
         self._idle.append(connection)
-        # Let go of the longest-idle connection when it has sat unused for too long.
-        oldest = self._idle[0]
-        if (
-            now - oldest.last_used > self.settings.idle_timeout
-            and self._size > self.settings.min_connections
-        ):
-            self._idle.popleft()
+        if self._purge_timer is None and self._size > self.settings.min_connections:
+            self._purge()
+
+    def _purge(self) -> None:
+        """Close connections idle for ``idle_timeout`` while more than the minimum are open,
+        longest-idle first; re-arm for the next one that may come due."""
+        self._purge_timer = None
+        if self._closed or os.getpid() != self._pid:
+            # Closed, or a forked child running the parent's loop: the sockets are not ours.
+            return
+        idle = self._idle
+        settings = self.settings
+        now = self._loop.time()
+        while idle and self._size > settings.min_connections:
+            oldest = idle[0]
+            due = oldest.last_used + settings.idle_timeout
+            if due > now:
+                self._purge_timer = self._loop.call_at(due, self._purge)
+                return
+            idle.popleft()
             oldest.close()
             self._forget()
 
@@ -239,8 +288,52 @@ class Pool:
                 waiter.set_result(None)
                 return
 
+    # -- outcomes of requests, for the metrics and the node's health --------------------------
+    def answered(self, kind: int, deadline: float) -> None:
+        """A request of ``kind`` made with ``deadline`` got its reply (an error reply too)."""
+        self.calls[kind] += 1
+        latencies = self.latencies
+        if latencies is not None:
+            latencies.observe(kind, self._loop.time() - (deadline - self._timeout))
+        health = self._health
+        if health is not None and health.unhealthy:
+            health.answered(self.node)
+
+    def failed(self, kind: int, error: BaseException, replied: bool = False) -> None:
+        """A request of ``kind`` failed with ``error``; ``replied``: the error is the
+        server's reply, already counted by :meth:`answered`."""
+        if not replied:
+            self.calls[kind] += 1
+        if self._client_metrics is not None:
+            self._client_metrics.failed(self.node, kind, error)
+        if self._health is not None and not replied and not isinstance(error, _WaitTimeout):
+            self._health.failed(self.node, error)
+
+    def stats(self) -> PoolStats:
+        metrics = self.metrics
+        idle = len(self._idle)
+        return PoolStats(
+            open=self._size,
+            idle=idle,
+            in_use=self._size - idle,
+            opened=metrics.connections_opened,
+            closed=metrics.connections_closed,
+            connect_failures=metrics.connect_failures,
+            waits=metrics.waits,
+            wait_timeouts=metrics.wait_timeouts,
+            wait_seconds=metrics.wait_seconds,
+        )
+
+    def _alive(self) -> bool:
+        return not self._closed and not self._loop.is_closed()
+
     def close(self) -> None:
+        if self._purge_timer is not None:
+            self._purge_timer.cancel()
+            self._purge_timer = None
         self._closed = True
+        if self._client_metrics is not None:
+            self._client_metrics.detach(self.calls)
         while self._idle:
             self._idle.pop().close()
             self._size -= 1
@@ -257,4 +350,4 @@ def _wake(watch: asyncio.Future[None]) -> None:
 
 def _expire(waiter: asyncio.Future[Connection | None], address: Address) -> None:
     if not waiter.done():
-        waiter.set_exception(OperationTimeoutError(f"no connection to {address} in time"))
+        waiter.set_exception(_WaitTimeout(f"no connection to {address} in time"))
