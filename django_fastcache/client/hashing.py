@@ -26,7 +26,7 @@ from hashlib import blake2b
 
 from ..errors import ConfigurationError
 
-__all__ = ["Rendezvous", "node_key", "score"]
+__all__ = ["Placement", "Rendezvous", "node_key", "score"]
 
 # Separates node-key derivation from every other use of BLAKE2b in the process.
 _PERSON = b"fastcache-node"
@@ -48,33 +48,80 @@ def score(node_id: str, key: bytes) -> int:
     return int.from_bytes(blake2b(key, digest_size=8, key=node_key(node_id)).digest(), "big")
 
 
-class Rendezvous:
-    """Maps keys to indices into the ``node_ids`` it was given."""
+class Placement:
+    """Routes keys to nodes. Subclasses: :class:`Rendezvous` (the default) and the
+    compatibility modes of :mod:`django_fastcache.client.placement`.
+
+    ``slots``, when given, are the numbers :meth:`node_index` answers instead of positions
+    in ``node_ids`` (a cluster whose node list changes keeps one slot per node it ever had).
+    """
+
+    __slots__ = ()
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.node_ids)
+
+    def node_index(self, key: bytes) -> int:
+        """The slot (by default the index into ``node_ids``) of the node that owns ``key``."""
+        raise NotImplementedError
+
+    def group(self, keys: Iterable[bytes]) -> dict[int, list[bytes]]:
+        """Keys grouped by owning node, in their original order within each node.
+
+        Only nodes that own at least one of the keys appear.
+        """
+        groups: dict[int, list[bytes]] = {}
+        node_index = self.node_index
+        for key in keys:
+            index = node_index(key)
+            bucket = groups.get(index)
+            if bucket is None:
+                groups[index] = [key]
+            else:
+                bucket.append(key)
+        return groups
+
+
+def check_node_ids(node_ids: Sequence[str], slots: Sequence[int] | None) -> tuple[str, ...]:
+    """The ids as a tuple, refused with ConfigurationError unless usable."""
+    # A bare string is a Sequence[str] too, and would become one node per character.
+    if isinstance(node_ids, str):
+        raise ConfigurationError(f"node ids must be a sequence of strings, not {node_ids!r}")
+    ids = tuple(node_ids)
+    if not ids:
+        raise ConfigurationError("at least one node is needed")
+    for node_id in ids:
+        if not isinstance(node_id, str) or not node_id:
+            raise ConfigurationError(f"node ids must be non-empty strings, got {node_id!r}")
+    if len(set(ids)) != len(ids):
+        duplicates = sorted({node_id for node_id in ids if ids.count(node_id) > 1})
+        raise ConfigurationError(f"duplicate nodes: {', '.join(duplicates)}")
+    if slots is not None and len(slots) != len(ids):
+        raise ConfigurationError("one slot per node id is needed")
+    return ids
+
+
+class Rendezvous(Placement):
+    """Maps keys to indices into the ``node_ids`` it was given (or to their ``slots``)."""
 
     __slots__ = ("_copiers", "_ids", "_order")
 
-    def __init__(self, node_ids: Sequence[str]) -> None:
-        # A bare string is a Sequence[str] too, and would become one node per character.
-        if isinstance(node_ids, str):
-            raise ConfigurationError(f"node ids must be a sequence of strings, not {node_ids!r}")
-        ids = tuple(node_ids)
-        if not ids:
-            raise ConfigurationError("at least one node is needed")
-        for node_id in ids:
-            if not isinstance(node_id, str) or not node_id:
-                raise ConfigurationError(f"node ids must be non-empty strings, got {node_id!r}")
-        if len(set(ids)) != len(ids):
-            duplicates = sorted({node_id for node_id in ids if ids.count(node_id) > 1})
-            raise ConfigurationError(f"duplicate nodes: {', '.join(duplicates)}")
-
+    def __init__(self, node_ids: Sequence[str], slots: Sequence[int] | None = None) -> None:
+        ids = check_node_ids(node_ids, slots)
         self._ids = ids
         # Nodes are visited in node-id order and a later node must score strictly higher
         # to win, so ties go to the smaller id at no cost per comparison, and the result
         # does not depend on the order the ids were given in.
-        self._order = tuple(sorted(range(len(ids)), key=ids.__getitem__))
+        visit = sorted(range(len(ids)), key=ids.__getitem__)
+        # What node_index answers for each visited node: its index, or its slot.
+        self._order = tuple(visit) if slots is None else tuple(slots[index] for index in visit)
         # Copying a hasher that already holds the node's key skips re-keying per lookup.
         self._copiers: tuple[Callable[[], blake2b], ...] = tuple(
-            blake2b(digest_size=8, key=node_key(ids[index])).copy for index in self._order
+            blake2b(digest_size=8, key=node_key(ids[index])).copy for index in visit
         )
 
     @property
@@ -85,10 +132,10 @@ class Rendezvous:
         return len(self._ids)
 
     def node_index(self, key: bytes) -> int:
-        """Index (into the node ids given) of the node that owns ``key``."""
+        """Index (into the node ids given), or slot, of the node that owns ``key``."""
         order = self._order
         if len(order) == 1:
-            return 0
+            return order[0]
         # Big-endian digests compare as bytes exactly as their integer scores would.
         best = b""
         best_position = 0
@@ -102,10 +149,10 @@ class Rendezvous:
         return order[best_position]
 
     def ranked(self, key: bytes) -> list[int]:
-        """All node indices, the owner of ``key`` first, then the fallbacks in order."""
+        """All node indices (or slots), the owner of ``key`` first, then the fallbacks."""
         order = self._order
         if len(order) == 1:
-            return [0]
+            return [order[0]]
         digests = []
         for copy in self._copiers:
             hasher = copy()
@@ -122,7 +169,7 @@ class Rendezvous:
         """
         if len(self._order) == 1:
             single = list(keys)
-            return {0: single} if single else {}
+            return {self._order[0]: single} if single else {}
         groups: dict[int, list[bytes]] = {}
         node_index = self.node_index
         for key in keys:
