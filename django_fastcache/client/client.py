@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import CommandError, ConnectionLostError, FastCacheError
@@ -25,6 +25,8 @@ from .address import Address
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection
+from .events import NodeEventCallback, NodeHealth
+from .metrics import ClientMetrics, MetricsSnapshot
 from .pool import Pool, PoolSettings
 from .security import SSLOption, make_security
 
@@ -63,7 +65,13 @@ class Client(CommandSet):
         )
         self.cluster = Cluster(servers, settings)
         self.timeout = settings.timeout
+        #: The nodes' health as this process's requests find it (see :mod:`.events`).
+        self.health = NodeHealth()
+        self._metrics = ClientMetrics("async", self.cluster)
         self._pool_settings = PoolSettings(
+            metrics=self._metrics,
+            health=self.health,
+            timeout=settings.timeout,
             min_connections=min_connections,
             max_connections=max_connections,
             idle_timeout=idle_timeout,
@@ -124,7 +132,11 @@ class Client(CommandSet):
         pool = self._pools()[node]
         # One budget for the whole call: waiting for a connection uses it up too.
         deadline = pool.loop.time() + self.timeout
-        connection = await self._acquire(pool, deadline)
+        try:
+            connection = await self._acquire(pool, deadline)
+        except FastCacheError as exc:
+            pool.failed(kind, exc)
+            raise
         try:
             future = connection.request(data, kind, deadline, keys)
         except FastCacheError:
@@ -141,11 +153,14 @@ class Client(CommandSet):
         except asyncio.CancelledError:
             pool.discard(connection, ConnectionLostError("request cancelled"))
             raise
-        except BaseException:
+        except BaseException as exc:
             pool.release(connection)  # aborted already: the pool lets it go
+            pool.failed(kind, exc)
             raise
         pool.release(connection)
+        pool.answered(kind, deadline)
         if isinstance(reply, CommandError):
+            pool.failed(kind, reply, replied=True)
             raise reply
         return reply
 
@@ -157,7 +172,11 @@ class Client(CommandSet):
         expected: list[Sequence[bytes] | None] | None,
     ) -> list[Any]:
         deadline = pool.loop.time() + self.timeout
-        connection = await self._acquire(pool, deadline)
+        try:
+            connection = await self._acquire(pool, deadline)
+        except FastCacheError as exc:
+            pool.failed(kinds[0], exc)
+            raise
         try:
             futures = connection.request_many(data, kinds, deadline, expected)
         except FastCacheError:
@@ -169,11 +188,13 @@ class Client(CommandSet):
             pool.discard(connection, ConnectionLostError("request cancelled"))
             _consume(futures)
             raise
-        except BaseException:
+        except BaseException as exc:
             pool.release(connection)
             _consume(futures)
+            pool.failed(kinds[0], exc)
             raise
         pool.release(connection)
+        pool.answered(kinds[0], deadline)
         return replies
 
     async def _pipelines(self, requests: Requests, expected: Expected | None = None) -> Replies:
@@ -225,6 +246,16 @@ class Client(CommandSet):
                 entry["connect_failures"] += pool.metrics.connect_failures
                 entry["waits"] += pool.metrics.waits
         return totals
+
+    def metrics(self) -> MetricsSnapshot:
+        """Per node: calls, errors, timeouts and latency per operation, the pools (summed
+        over the event loops that used the client) and health. See docs/metrics.md."""
+        return self._metrics.snapshot(self.health.healthy)
+
+    def on_node_event(self, callback: NodeEventCallback) -> Callable[[], None]:
+        """Call ``callback(event)`` (a :class:`~.events.NodeEvent`) whenever a node turns
+        unhealthy or healthy again; returns a function that unsubscribes."""
+        return self.health.subscribe(callback)
 
     async def aclose(self) -> None:
         """Close the running event loop's connections to every node."""

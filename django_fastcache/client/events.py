@@ -49,15 +49,14 @@ class NodeHealth:
     ``unhealthy`` is read without the lock on the request path (one attribute and a
     truth test); transitions take the lock and re-check."""
 
-    def __init__(self, node_ids: tuple[str, ...]) -> None:
-        self.node_ids = node_ids
-        #: Indexes of the nodes that are unhealthy now (empty nearly always).
-        self.unhealthy: frozenset[int] = frozenset()
+    def __init__(self) -> None:
+        #: Ids of the nodes that are unhealthy now (empty nearly always).
+        self.unhealthy: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._callbacks: list[NodeEventCallback] = []
         self._subscriber_errors = RateLimit()
 
-    def healthy(self, node: int) -> bool:
+    def healthy(self, node: str) -> bool:
         return node not in self.unhealthy
 
     def subscribe(self, callback: NodeEventCallback) -> Callable[[], None]:
@@ -71,7 +70,7 @@ class NodeHealth:
 
         return unsubscribe
 
-    def failed(self, node: int, error: BaseException) -> None:
+    def failed(self, node: str, error: BaseException) -> None:
         """A request to ``node`` failed with ``error``: unhealthy if the error is the node's."""
         if node in self.unhealthy or not is_node_failure(error):
             return
@@ -80,11 +79,10 @@ class NodeHealth:
                 return
             self.unhealthy = self.unhealthy | {node}
             callbacks = self._callbacks
-        node_id = self.node_ids[node]
-        log.warning("memcached node %s is unhealthy: %s: %s", node_id, type(error).__name__, error)
-        self._send(callbacks, NodeEvent(node_id, False, error, time.time()))
+        log.warning("memcached node %s is unhealthy: %s: %s", node, type(error).__name__, error)
+        self._send(callbacks, NodeEvent(node, False, error, time.time()))
 
-    def answered(self, node: int) -> None:
+    def answered(self, node: str) -> None:
         """A request to ``node`` got a reply: healthy again if it was not."""
         if node not in self.unhealthy:
             return
@@ -93,9 +91,8 @@ class NodeHealth:
                 return
             self.unhealthy = self.unhealthy - {node}
             callbacks = self._callbacks
-        node_id = self.node_ids[node]
-        log.info("memcached node %s is healthy again", node_id)
-        self._send(callbacks, NodeEvent(node_id, True, None, time.time()))
+        log.info("memcached node %s is healthy again", node)
+        self._send(callbacks, NodeEvent(node, True, None, time.time()))
 
     def _send(self, callbacks: list[NodeEventCallback], event: NodeEvent) -> None:
         for callback in callbacks:

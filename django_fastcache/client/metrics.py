@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..errors import OperationTimeoutError
 from ..protocol import ReplyKind
@@ -168,6 +169,13 @@ class MetricsSnapshot:
 PoolReader = Callable[[], PoolStats]
 
 
+class Nodes(Protocol):
+    """What names the nodes: a :class:`~.cluster.Cluster` (its slots may grow)."""
+
+    @property
+    def node_ids(self) -> tuple[str, ...]: ...
+
+
 class _Owner:
     """One owner's lists, and how to tell that the owner is gone."""
 
@@ -175,7 +183,7 @@ class _Owner:
 
     def __init__(
         self,
-        node: int,
+        node: str,
         calls: list[int],
         latencies: Latencies | None,
         alive: Callable[[], bool],
@@ -205,18 +213,25 @@ _POOL_TOTALS = ("opened", "closed", "connect_failures", "waits", "wait_timeouts"
 class ClientMetrics:
     """The registry of one client's counters. Thread-safe; see the module docstring."""
 
-    def __init__(self, client: str, node_ids: tuple[str, ...], latency: bool = True) -> None:
+    def __init__(self, client: str, nodes: Nodes, latency: bool = True) -> None:
         self.client = client
-        self.node_ids = node_ids
-        #: Whether owners measure latency (see the ``latency_metrics`` option).
+        self.nodes = nodes
+        #: Whether owners measure latency.
         self.latency = latency
         self._lock = threading.Lock()
         self._owners: dict[int, _Owner] = {}
-        self._retired = [_NodeTotals() for _ in node_ids]
+        # By node id, made on first use (autodiscovery adds nodes).
+        self._retired: dict[str, _NodeTotals] = {}
+
+    def _totals(self, node: str) -> _NodeTotals:
+        totals = self._retired.get(node)
+        if totals is None:
+            totals = self._retired[node] = _NodeTotals()
+        return totals
 
     def attach(
         self,
-        node: int,
+        node: str,
         calls: list[int],
         latencies: Latencies | None,
         alive: Callable[[], bool],
@@ -236,10 +251,10 @@ class ClientMetrics:
             if owner is not None:
                 self._fold(owner)
 
-    def failed(self, node: int, kind: int, error: BaseException) -> None:
+    def failed(self, node: str, kind: int, error: BaseException) -> None:
         """A request of ``kind`` to ``node`` failed with ``error`` (a failure path only)."""
         with self._lock:
-            totals = self._retired[node]
+            totals = self._totals(node)
             totals.errors[kind] += 1
             if isinstance(error, OperationTimeoutError):
                 totals.timeouts[kind] += 1
@@ -250,7 +265,7 @@ class ClientMetrics:
             self._fold(self._owners.pop(key))
 
     def _fold(self, owner: _Owner) -> None:
-        totals = self._retired[owner.node]
+        totals = self._totals(owner.node)
         for kind, count in enumerate(owner.calls):
             totals.calls[kind] += count
         if owner.latencies is not None:
@@ -260,13 +275,15 @@ class ClientMetrics:
             for name in _POOL_TOTALS:
                 totals.pool[name] = totals.pool.get(name, 0) + getattr(stats, name)
 
-    def snapshot(self, healthy: Callable[[int], bool]) -> MetricsSnapshot:
+    def snapshot(self, healthy: Callable[[str], bool]) -> MetricsSnapshot:
+        """Every node's figures now; ``healthy(node_id)`` tells each node's health."""
         nodes: dict[str, NodeStats] = {}
         with self._lock:
             self._fold_dead()
             live = list(self._owners.values())
-            for node, node_id in enumerate(self.node_ids):
-                retired = self._retired[node]
+            for node_id in dict.fromkeys((*self.nodes.node_ids, *self._retired)):
+                node = node_id
+                retired = self._totals(node)
                 calls = list(retired.calls)
                 latencies = Latencies()
                 _add_latencies(latencies, retired.latencies)
@@ -304,7 +321,7 @@ class ClientMetrics:
                 }
                 nodes[node_id] = NodeStats(
                     node=node_id,
-                    healthy=healthy(node),
+                    healthy=healthy(node_id),
                     operations=operations,
                     pool=_pool_stats(pool),
                 )

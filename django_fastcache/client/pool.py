@@ -35,6 +35,11 @@ class PoolSettings:
     idle_timeout: float = 60.0
     connect_timeout: float = 1.0
     max_value_size: int = 1024 * 1024
+    #: Where the pools of one client count (None: not counted), and the node health they
+    #: report request outcomes to; ``timeout`` is the client's, for latencies.
+    metrics: ClientMetrics | None = None
+    health: NodeHealth | None = None
+    timeout: float = 1.0
     security: Security | None = None
 
 
@@ -62,11 +67,6 @@ class Pool:
         settings: PoolSettings,
         loop: asyncio.AbstractEventLoop,
         on_connect_failure: Callable[[BaseException], None] | None = None,
-        *,
-        node: int = 0,
-        metrics: ClientMetrics | None = None,
-        health: NodeHealth | None = None,
-        timeout: float = 1.0,
     ) -> None:
         self.address = address
         self.settings = settings
@@ -84,12 +84,12 @@ class Pool:
         self._pid = os.getpid()
         # Request outcomes: this loop's counters (no lock: one loop, one thread) and the
         # node's process-wide health.
-        self.node = node
-        self._timeout = timeout
-        self._client_metrics = metrics
+        self.node = node = address.node_id
+        self._timeout = settings.timeout
+        self._client_metrics = metrics = settings.metrics
         self.calls = new_calls()
         self.latencies = Latencies() if metrics is not None and metrics.latency else None
-        self._health = health
+        self._health = settings.health
         if metrics is not None:
             metrics.attach(node, self.calls, self.latencies, self._alive, self.stats)
 
