@@ -98,6 +98,9 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
         idle_timeout=options.idle_timeout,
         # Replies may carry values other clients stored, up to the server's limit.
         max_value_size=max(options.max_value_size, 1024 * 1024) + 1024,
+        ssl=options.ssl,
+        username=options.username,
+        password=options.password,
     )
     blocking = BlockingClient(client.cluster)
     if not options.disk_tier:

@@ -10,10 +10,13 @@ import dataclasses
 import difflib
 import math
 import pickle
+import ssl as _ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..client.security import TLSOptions, check_credentials, normalize_tls
+from ..errors import ConfigurationError
 from ..serializers import SERIALIZERS
 
 
@@ -33,6 +36,13 @@ class FastCacheOptions:
     #: Largest value sent, in bytes after serialization; memcached's ``-I`` (1 MiB default).
     #: Larger values are refused without a round trip, and the key's old value is deleted.
     max_value_size: int = 1024 * 1024
+    #: TLS to memcached's TCP nodes: an ``ssl.SSLContext``, True (the system's CAs), or a
+    #: dict of ``ca_file``, ``cert_file``, ``key_file``, ``server_hostname``,
+    #: ``check_hostname`` (kept as :class:`TLSOptions`). None: plain TCP. docs/security.md.
+    ssl: _ssl.SSLContext | TLSOptions | None = None
+    #: memcached's ASCII authentication (``-Y``): sent once by every new connection.
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
     # -- values and keys ---------------------------------------------------------------
     #: ``"pickle"`` or ``"json"``.
     serializer: str = "pickle"
@@ -197,6 +207,26 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
     boolean("hash_invalid_keys")
     boolean("disk_tier")
     boolean("sign_values")
+    if "ssl" in raw:
+        try:
+            raw["ssl"] = normalize_tls(raw["ssl"])
+        except ConfigurationError as exc:
+            problems.append(
+                OptionProblem(
+                    "django_fastcache.E041",
+                    f"{exc}.",
+                    'For example "ssl": {"ca_file": "/etc/ssl/memcached-ca.pem"}; '
+                    "see the security docs.",
+                )
+            )
+            raw.pop("ssl")
+    if "username" in raw or "password" in raw:
+        try:
+            check_credentials(raw.get("username"), raw.get("password"))
+        except ConfigurationError as exc:
+            problems.append(OptionProblem("django_fastcache.E042", f"{exc}."))
+            raw.pop("username", None)
+            raw.pop("password", None)
     if "signing_key" in raw and not (
         raw["signing_key"] is None or (isinstance(raw["signing_key"], str) and raw["signing_key"])
     ):

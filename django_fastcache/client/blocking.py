@@ -30,6 +30,7 @@ from ..errors import (
     ConnectionLostError,
     FastCacheError,
     OperationTimeoutError,
+    TLSError,
     UnknownCommandError,
 )
 from ..protocol import (
@@ -267,6 +268,23 @@ class TLSConnection(BlockingConnection):
     def readable(self) -> bool:
         return self._parser.unread > 0 or self._tls.pending() > 0 or bool(self._poll.poll(0))
 
+    def send(self, data: bytes, deadline: float) -> None:
+        try:
+            super().send(data, deadline)
+        except ConnectionLostError as exc:
+            if isinstance(exc.__cause__, ssl.SSLError):
+                raise self._tls_failed(exc.__cause__) from exc.__cause__
+            raise
+
+    def _tls_failed(self, exc: ssl.SSLError) -> TLSError:
+        # Under TLS 1.3 a server that refuses the client's certificate says so only after
+        # the handshake, on the first exchange.
+        reason = getattr(exc, "reason", None) or exc
+        return TLSError(
+            f"the TLS session with {self.address} failed ({reason}): if memcached verifies "
+            "client certificates (ssl_verify_mode), set ssl cert_file and key_file"
+        )
+
     def _read(self, flags: int = 0) -> None:
         sock = self._tls
         try:
@@ -283,6 +301,8 @@ class TLSConnection(BlockingConnection):
                 raise self._timed_out()
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError, TimeoutError):
             raise self._timed_out() from None
+        except ssl.SSLError as exc:
+            raise self._tls_failed(exc) from exc
         except OSError as exc:
             raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
         if not count:
@@ -390,8 +410,6 @@ class BlockingClient(CommandSet):
         # The connections, not the client, are what a forked child must drop (and a
         # compiled client cannot be weakly referenced).
         forksafe.register(self._local)
-        if cluster.dynamic:  # autodiscovery: close connections to nodes that leave
-            cluster.add_listener(None, self._local.drop_nodes)
 
     def _connection(self, node: int, deadline: float) -> BlockingConnection:
         local = self._local

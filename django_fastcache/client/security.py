@@ -29,6 +29,7 @@ __all__ = [
     "auth_request",
     "check_auth_reply",
     "make_security",
+    "normalize_tls",
     "tls_error",
 ]
 
@@ -138,27 +139,34 @@ def make_security(
     or None when it uses neither TLS nor authentication. Bad values raise
     :class:`~django_fastcache.errors.ConfigurationError`."""
     check_credentials(username, password)
+    options = normalize_tls(tls)
     context: ssl.SSLContext | None = None
     server_hostname: str | None = None
-    if isinstance(tls, ssl.SSLContext):
-        context = tls
-    elif tls is True:
-        context = TLSOptions().context()
-    elif isinstance(tls, TLSOptions):
-        context = tls.context()
-        server_hostname = tls.server_hostname
-    elif isinstance(tls, dict):
-        options = TLSOptions.from_mapping(tls)
+    if isinstance(options, ssl.SSLContext):
+        context = options
+    elif options is not None:
         context = options.context()
         server_hostname = options.server_hostname
-    elif tls is not None and tls is not False:
-        raise ConfigurationError(
-            "ssl must be an ssl.SSLContext, True, a dict of "
-            f"{', '.join(TLS_KEYS)}, or None; got {type(tls).__name__}"
-        )
     if context is None and username is None:
         return None
     return Security(context, server_hostname, username, password)
+
+
+def normalize_tls(tls: object) -> ssl.SSLContext | TLSOptions | None:
+    """The ``ssl`` option in a hashable, checked form (no file is read here): None for no
+    TLS, an ``SSLContext`` as given, else :class:`TLSOptions`."""
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return TLSOptions()
+    if isinstance(tls, (ssl.SSLContext, TLSOptions)):
+        return tls
+    if isinstance(tls, dict):
+        return TLSOptions.from_mapping(tls)
+    raise ConfigurationError(
+        "ssl must be an ssl.SSLContext, True, a dict of "
+        f"{', '.join(TLS_KEYS)}, or None; got {type(tls).__name__}"
+    )
 
 
 def check_credentials(username: object, password: object) -> None:
@@ -205,7 +213,7 @@ def check_auth_reply(reply: object, address: object, username: str) -> None:
 def tls_error(address: object, hostname: str | None, exc: ssl.SSLError) -> TLSError:
     """The error for a TLS handshake with ``address`` that failed with ``exc``."""
     if isinstance(exc, ssl.SSLCertVerificationError):
-        reason = exc.verify_message or exc.reason or str(exc)
+        reason = exc.verify_message or getattr(exc, "reason", None) or str(exc)
         if exc.verify_code in _NAME_MISMATCH:
             return TLSError(
                 f"the TLS certificate of {address} is not valid for {hostname!r} ({reason}): "
@@ -215,7 +223,7 @@ def tls_error(address: object, hostname: str | None, exc: ssl.SSLError) -> TLSEr
             f"the TLS certificate of {address} is not trusted ({reason}): set ssl ca_file "
             "to the CA certificate that signed memcached's certificate"
         )
-    reason = exc.reason or str(exc)
+    reason = getattr(exc, "reason", None) or str(exc)
     return TLSError(
         f"TLS handshake with {address} failed ({reason}): is memcached listening with TLS "
         "(-Z) on that port, and does it accept this client's certificate?"

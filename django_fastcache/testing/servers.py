@@ -13,9 +13,12 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -33,17 +36,53 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _ask(address: tuple[str, int] | str, request: bytes, expect: bytes) -> bool:
+def _ask(
+    address: tuple[str, int] | str,
+    request: bytes,
+    expect: bytes,
+    tls: ssl.SSLContext | None = None,
+    login: bytes = b"",
+) -> bool:
+    """Whether ``request`` gets a reply containing ``expect``; ``login``: an authentication
+    request sent first (its ``STORED`` reply is read before ``request`` goes out)."""
     family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.settimeout(1.0)
-            sock.connect(address)
+        with socket.socket(family, socket.SOCK_STREAM) as plain:
+            plain.settimeout(1.0)
+            plain.connect(address)
+            sock = plain if tls is None else tls.wrap_socket(plain)
+            if login:
+                sock.sendall(login)
+                if not _read_line(sock).startswith(b"STORED"):
+                    return False
             sock.sendall(request)
             reply = sock.recv(256)
             return expect in reply
     except OSError:
         return False
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        line += chunk
+    return line
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    """TLS for a test memcached (``-Z``): its certificate and key, and, to require client
+    certificates (``ssl_verify_mode=2``), the CA that must have signed them."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+    #: A client certificate and key the server accepts, for its own readiness checks.
+    client_cert: str | None = None
+    client_key: str | None = None
 
 
 class _ServerProcess:
@@ -178,7 +217,12 @@ class _ServerProcess:
 
 
 class MemcachedServer(_ServerProcess):
-    """A memcached process on a free loopback port, or on a unix socket when given a path."""
+    """A memcached process on a free loopback port, or on a unix socket when given a path.
+
+    ``tls``: listen with TLS (TCP only: memcached speaks TLS on TCP listeners, not on unix
+    sockets). ``users``: require ASCII authentication (``-Y``) with these usernames and
+    passwords; the auth file is written to a private directory removed by :meth:`stop`.
+    """
 
     binary = "memcached"
     install_hint = "apt-get install memcached"
@@ -191,12 +235,18 @@ class MemcachedServer(_ServerProcess):
         memory_mb: int = 64,
         item_size_max: str | None = None,
         extra_args: Sequence[str] = (),
+        tls: ServerTLS | None = None,
+        users: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.socket_path = None if socket_path is None else str(socket_path)
         self.memory_mb = memory_mb
         self.item_size_max = item_size_max
         self.extra_args = list(extra_args)
+        self.tls = tls
+        self.users = dict(users or {})
+        self._auth_directory: tempfile.TemporaryDirectory[str] | None = None
+        self._auth_file: str | None = None
 
     @property
     def location(self) -> str:
@@ -222,16 +272,59 @@ class MemcachedServer(_ServerProcess):
             command += ["-l", self.host, "-p", str(self.port)]
         if self.item_size_max:
             command += ["-I", self.item_size_max]
+        if self.tls is not None:
+            tls_options = [f"ssl_chain_cert={self.tls.cert_file}", f"ssl_key={self.tls.key_file}"]
+            if self.tls.client_ca_file is not None:
+                tls_options += ["ssl_verify_mode=2", f"ssl_ca_cert={self.tls.client_ca_file}"]
+            command += ["-Z", "-o", ",".join(tls_options)]
+        if self.users:
+            command += ["-Y", self._write_auth_file()]
         return command + self.extra_args
 
-    def _ping(self) -> bool:
+    def _write_auth_file(self) -> str:
+        if self._auth_file is None:
+            self._auth_directory = tempfile.TemporaryDirectory(prefix="fastcache-auth-")
+            self._auth_file = os.path.join(self._auth_directory.name, "authfile")
+            with open(self._auth_file, "w", encoding="utf-8") as file:
+                file.writelines(f"{user}:{password}\n" for user, password in self.users.items())
+        return self._auth_file
+
+    def _client_tls(self) -> ssl.SSLContext | None:
+        """What the readiness checks connect with: TLS without verification (they only
+        ask whether the server answers), with the client certificate when required."""
+        if self.tls is None or self.socket_path is not None:
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        if self.tls.client_cert is not None:
+            context.load_cert_chain(self.tls.client_cert, self.tls.client_key)
+        return context
+
+    def _login(self) -> bytes:
+        if not self.users:
+            return b""
+        user, password = next(iter(self.users.items()))
+        value = f"{user} {password}".encode()
+        return b"set auth 0 -1 %d\r\n%s\r\n" % (len(value), value)
+
+    def _ask_server(self, request: bytes, expect: bytes) -> bool:
         address = self.socket_path if self.socket_path is not None else (self.host, self.port)
-        return _ask(address, b"version\r\n", b"VERSION")
+        return _ask(address, request, expect, self._client_tls(), self._login())
+
+    def _ping(self) -> bool:
+        return self._ask_server(b"version\r\n", b"VERSION")
 
     def flush(self) -> None:
-        address = self.socket_path if self.socket_path is not None else (self.host, self.port)
-        if not _ask(address, b"flush_all\r\n", b"OK"):
+        if not self._ask_server(b"flush_all\r\n", b"OK"):
             raise RuntimeError(f"flush_all failed on {self.location}")
+
+    def stop(self) -> None:
+        super().stop()
+        if self._auth_directory is not None:
+            self._auth_directory.cleanup()
+            self._auth_directory = None
+            self._auth_file = None
 
 
 class RedisServer(_ServerProcess):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import pickle
+import ssl
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from django_fastcache.backends.options import (
     OptionProblem,
     parse_options,
 )
+from django_fastcache.client.security import TLSOptions
 
 # Nothing listens here and nothing may try: building the backend does no I/O.
 NOWHERE = "127.0.0.1:9"
@@ -74,6 +76,11 @@ GOOD_VALUES: dict[str, list[Any]] = {
     ],
     "disk_timeout": [0.001, 1, 2.5],
     "disk_max_staleness": [0.5, 300, 86400.0],
+    # The dict and True forms become TLSOptions: tests/unit/test_security.py.
+    "ssl": [None, TLSOptions(ca_file="/etc/ssl/memcached-ca.pem"), ssl.create_default_context()],
+    # Only together: tests/unit/test_security.py.
+    "username": [None],
+    "password": [None],
 }
 
 
