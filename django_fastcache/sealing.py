@@ -117,6 +117,8 @@ class Sealer:
         # memcached pads a counter that got shorter with spaces ("10" decremented: "9 ").
         if flags in _UNSEALED_OK and data.rstrip(b" ").isdigit():
             return data, flags
+        if not data and not flags:
+            return None  # a get_or_set lease's stub (see stampede.py): a miss, not a refusal
         self.refusals.refuse(wire_key, f"it is not sealed (flags {flags})")
         return None
 

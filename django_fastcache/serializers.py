@@ -26,6 +26,7 @@ FLAG_TEXT = 16
 FLAG_JSON = 32
 
 _MAX_RAW_INTEGER = 2**64 - 1  # memcached's counters are unsigned 64-bit
+_EMPTY_COMPRESSED = zlib.compress(b"")
 
 
 class Serializer(Protocol):
@@ -57,6 +58,10 @@ class _BaseSerializer:
         if kind is int and 0 <= value <= _MAX_RAW_INTEGER:
             return b"%d" % value, FLAG_INTEGER  # raw, so that incr/decr work
         if kind is bytes:
+            if not value:
+                # Empty bytes with flags 0 is what a get_or_set lease's stub looks like
+                # (see stampede.py): written compressed, which every client reads back.
+                return _EMPTY_COMPRESSED, FLAG_BYTES | FLAG_ZLIB
             data, flags = value, FLAG_BYTES
         elif kind is str:
             try:

@@ -50,6 +50,9 @@ from ..expiry import MAX_RELATIVE_EXPIRY, memcached_exptime, seconds_to_live
 from ..maintenance import maintenance
 from ..sealing import FLAG_SEALED, Refusals, Sealer, derive_key
 from ..serializers import SERIALIZERS, PickleSerializer, Serializer
+from ..stampede import add_over_stub, async_pause, blocking_pause, is_stub, is_stub_now
+from ..stampede import get_or_set as _leased_get_or_set
+from ..stampede import invalidate as _invalidate
 from ..stores import MemcachedStore, Store
 from ..tiered import TieredStore
 from .options import FastCacheOptions, parse_options
@@ -343,6 +346,8 @@ class FastCache(BaseCache):
         if flags & FLAG_SEALED:
             self._refusals.refuse(wire, "it is sealed, and sign_values is off here")
             return None
+        if is_stub(data, flags):
+            return None  # a lease's stub (see stampede.py): a miss, nothing to report
         return data, flags
 
     def _decode(self, wire: bytes, data: bytes, flags: int) -> Any:
@@ -352,6 +357,8 @@ class FastCache(BaseCache):
             if opened is None:
                 return _REFUSED
             data, flags = opened
+        elif not data and not flags:
+            return _REFUSED  # a lease's stub (see stampede.py): a miss, nothing to report
         try:
             return self._serializer.loads(data, flags)
         except ValueRefusedError as exc:
@@ -405,7 +412,11 @@ class FastCache(BaseCache):
     ) -> bool:
         wire = self.wire_key(key, version)
         data, flags = self._encode(value, wire)
-        return await self._store.add(client, wire, data, flags, self._ttl(timeout))
+        ttl = self._ttl(timeout)
+        if await self._store.add(client, wire, data, flags, ttl):
+            return True
+        # Refused: unless what holds the key is a lease's stub, which the add replaces.
+        return await add_over_stub(self, client, wire, data, flags, ttl)
 
     async def _touch(
         self,
@@ -476,6 +487,8 @@ class FastCache(BaseCache):
         except NonIntegerValueError:
             raise
         except ClientError as exc:
+            if await is_stub_now(client, wire):  # a lease's stub: the value is missing
+                raise _not_found(wire) from exc
             raise _not_an_integer(wire) from exc
         if value is None:
             raise _not_found(wire)
@@ -546,7 +559,11 @@ class FastCache(BaseCache):
         wire = self.wire_key(key, version)
         data, flags = self._encode(value, wire)
         exptime = self.get_backend_timeout(timeout)
-        return stack.blocking.store_now(b"add", wire, data, flags, exptime)
+        if stack.blocking.store_now(b"add", wire, data, flags, exptime):
+            return True
+        # Refused: unless what holds the key is a lease's stub, which the add replaces.
+        ttl = self._ttl(timeout)
+        return run_blocking(add_over_stub(self, stack.blocking, wire, data, flags, ttl))
 
     def touch(
         self, key: Any, timeout: float | object | None = DEFAULT_TIMEOUT, version: int | None = None
@@ -596,6 +613,8 @@ class FastCache(BaseCache):
         except NonIntegerValueError:
             raise
         except ClientError as exc:
+            if run_blocking(is_stub_now(stack.blocking, wire)):  # a lease's stub: missing
+                raise _not_found(wire) from exc
             raise _not_an_integer(wire) from exc
         if value is None:
             raise _not_found(wire)
@@ -614,6 +633,54 @@ class FastCache(BaseCache):
 
     def clear(self) -> None:
         run_blocking(self._clear(self.blocking_client))
+
+    # -- get_or_set with stampede protection, and invalidate (see stampede.py) ------------
+    def get_or_set(
+        self,
+        key: Any,
+        default: Any,
+        timeout: float | object | None = DEFAULT_TIMEOUT,
+        version: int | None = None,
+    ) -> Any:
+        """Django's get_or_set; on a miss one caller computes ``default`` while the others
+        wait for its value (the stampede protection options)."""
+        blocking = self.blocking_client
+        return run_blocking(
+            _leased_get_or_set(
+                self, blocking, key, default, timeout, version,
+                pause=blocking_pause, refused=_REFUSED,
+            )
+        )  # fmt: skip
+
+    async def aget_or_set(
+        self,
+        key: Any,
+        default: Any,
+        timeout: float | object | None = DEFAULT_TIMEOUT,
+        version: int | None = None,
+    ) -> Any:
+        """:meth:`get_or_set` on the caller's event loop; ``default`` may also return an
+        awaitable."""
+        return await _leased_get_or_set(
+            self, self.client, key, default, timeout, version,
+            pause=async_pause, refused=_REFUSED, is_async=True,
+        )  # fmt: skip
+
+    def invalidate(
+        self, key: Any, version: int | None = None, stale_timeout: float | None = None
+    ) -> bool:
+        """Delete for get_or_set, keeping a stale copy: memcached marks the value stale
+        (``md … I``) and get_or_set hands one caller its recompute, serving the stale copy
+        meanwhile with ``stale_while_revalidate``. Plain ``get`` still returns it until
+        then. ``stale_timeout``: seconds the stale copy may live (None: its own expiry).
+        A plain delete with the disk tier on or where the node does not speak meta."""
+        return run_blocking(_invalidate(self, self.blocking_client, key, version, stale_timeout))
+
+    async def ainvalidate(
+        self, key: Any, version: int | None = None, stale_timeout: float | None = None
+    ) -> bool:
+        """:meth:`invalidate` on the caller's event loop."""
+        return await _invalidate(self, self.client, key, version, stale_timeout)
 
     def close(self, **kwargs: Any) -> None:
         """Nothing to do: connections are process-global and outlive a request."""

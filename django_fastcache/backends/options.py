@@ -81,6 +81,24 @@ class FastCacheOptions:
     #: Bounds how stale an answer can be across hosts (see the disk tier docs).
     disk_max_staleness: float = 300.0
 
+    # -- the meta protocol and stampede protection (docs/stampede.md) ----------------
+    #: ``"auto"`` (ask each node with ``mn`` the first time it is needed), ``"meta"``
+    #: (memcached 1.6+, no probe) or ``"classic"`` (older servers, proxies such as mcrouter):
+    #: whether get_or_set may use memcached's meta commands. Plain get/set stay classic.
+    protocol: str = "auto"
+    #: get_or_set/aget_or_set hand one caller per key a lease to recompute a missing value
+    #: while the others wait for it (when the key's node speaks meta).
+    stampede_protection: bool = True
+    #: Seconds a lease lasts: how long a winner may take to compute before another caller
+    #: may take over, and how soon a winner that died stops holding everyone up.
+    stampede_lease: float = 10.0
+    #: Seconds a caller waits for another's lease before computing the value itself.
+    stampede_wait: float = 15.0
+    #: Seconds before a value expires during which get_or_set hands one caller the
+    #: recompute while every other caller still gets the current value at once; also lets
+    #: callers take a value marked stale by ``invalidate()`` at once. 0: off.
+    stale_while_revalidate: float = 0.0
+
 
 EVICTION_POLICIES = (
     "least-recently-stored",
@@ -88,6 +106,8 @@ EVICTION_POLICIES = (
     "least-frequently-used",
     "none",
 )
+
+PROTOCOLS = ("auto", "meta", "classic")
 
 OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(FastCacheOptions))
 
@@ -194,6 +214,8 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
         "idle_timeout",
         "disk_timeout",
         "disk_max_staleness",
+        "stampede_lease",
+        "stampede_wait",
     ):
         positive_number(name)
     for name in (
@@ -207,6 +229,28 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
     boolean("hash_invalid_keys")
     boolean("disk_tier")
     boolean("sign_values")
+    boolean("stampede_protection")
+    if "protocol" in raw and raw["protocol"] not in PROTOCOLS:
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E016",
+                f"protocol must be one of {', '.join(map(repr, PROTOCOLS))}, got"
+                f" {raw['protocol']!r}.",
+                "'auto' asks each node once; 'classic' for servers or proxies without the"
+                " meta protocol (memcached before 1.6, mcrouter).",
+            )
+        )
+        raw.pop("protocol")
+    if "stale_while_revalidate" in raw and not (
+        _is_number(raw["stale_while_revalidate"]) and raw["stale_while_revalidate"] >= 0
+    ):
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E017",
+                "stale_while_revalidate must be a number of seconds >= 0 (0: off).",
+            )
+        )
+        raw.pop("stale_while_revalidate")
     if "ssl" in raw:
         try:
             raw["ssl"] = normalize_tls(raw["ssl"])

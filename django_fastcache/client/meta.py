@@ -37,7 +37,6 @@ from ..protocol import (
     meta_noop_command,
     meta_set_command,
 )
-from ..protocol.keys import show_bytes
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -240,24 +239,22 @@ class MetaCommands:
         for key in unique:
             if type(key) is not bytes:  # before hashing; the encoder checks the rest
                 raise InvalidKeyError(f"keys must be bytes, got {type(key).__name__}")
+        groups = self.cluster.group(unique)
         # Every node's request is encoded (and every key checked) before any is sent.
         requests: Requests = {
             node: (meta_get_many_command(node_keys, cas=cas, base64_key=base64_key), [_META])
-            for node, node_keys in self.cluster.group(unique).items()
+            for node, node_keys in groups.items()
         }
-        asked = set(unique)
+        # The reply parser checks each reply's key against these as it reads: a reply for
+        # a key not asked (or twice) breaks the stream, and the connection is discarded
+        # before anyone can read another request's answer from it.
+        expected: Expected = {node: [node_keys] for node, node_keys in groups.items()}
         found: dict[bytes, MetaReply] = {}
-        for replies in (await self._meta_pipelines(requests)).values():
+        for replies in (await self._meta_pipelines(requests, expected)).values():
             for reply in replies:
-                answered = reply.key
-                if answered is None or answered not in asked or answered in found:
-                    raise ProtocolError(
-                        "a quiet mg answered "
-                        + ("without its key" if answered is None else f"for {show_bytes(answered)}")
-                        + ", which was not asked for (or was already answered)"
-                    )
+                assert reply.key is not None  # checked by the parser
                 if reply.status is not MetaStatus.EN:  # EN comes only with a key in b mode
-                    found[answered] = reply
+                    found[reply.key] = reply
         return found
 
     async def meta_noop(self, *, nodes: Iterable[int] | None = None) -> None:
@@ -288,9 +285,11 @@ class MetaCommands:
         replies = await self._request(self.cluster.node_index(key), data + _NOOP, _META)
         return _only_reply(replies)
 
-    async def _meta_pipelines(self, requests: Requests) -> dict[int, list[MetaReply]]:
+    async def _meta_pipelines(
+        self, requests: Requests, expected: Expected | None = None
+    ) -> dict[int, list[MetaReply]]:
         """Each node's meta replies; the first failed node's error, or error reply, raised."""
-        results = await self._pipelines(requests)
+        results = await self._pipelines(requests, expected)
         replies: dict[int, list[MetaReply]] = {}
         for node, outcome in results.items():
             if isinstance(outcome, FastCacheError):
@@ -300,7 +299,7 @@ class MetaCommands:
         return replies
 
     def _nodes(self, nodes: Iterable[int] | None) -> list[int]:
-        return list(range(len(self.cluster))) if nodes is None else sorted(set(nodes))
+        return list(self.cluster.live_nodes()) if nodes is None else sorted(set(nodes))
 
 
 def _only_reply(replies: list[MetaResult]) -> MetaReply:

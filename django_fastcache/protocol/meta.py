@@ -493,6 +493,27 @@ def read_meta_reply(
     return _with_flags(status, value, flags, line), after
 
 
+def meta_key_problem(replies: list[MetaResult], expected: set[bytes]) -> str | None:
+    """What is wrong with the keys of a quiet multi-get's replies, or None.
+
+    Each reply must carry a key (``k``) that was asked for, and no key may come twice;
+    ``expected`` is emptied on the way. Error lines carry no key and are left to the
+    caller."""
+    for reply in replies:
+        if isinstance(reply, CommandError):
+            continue
+        key = reply.key
+        if key is None:
+            return f"a quiet mg answered without its key: {reply.status.name}"
+        if key not in expected:
+            return (
+                f"a quiet mg answered for {show_bytes(key)}, which was not asked for"
+                " (or was already answered)"
+            )
+        expected.discard(key)
+    return None
+
+
 def _with_flags(
     status: MetaStatus, value: bytes | None, tokens: list[bytes], line: bytes
 ) -> MetaReply:
@@ -617,6 +638,7 @@ __all__ = [
     "meta_delete_command",
     "meta_get_command",
     "meta_get_many_command",
+    "meta_key_problem",
     "meta_noop_command",
     "meta_set_command",
     "read_meta_replies",

@@ -33,7 +33,7 @@ from django_fastcache.errors import (
     ValueTooLargeError,
 )
 from django_fastcache.protocol.keys import show_bytes
-from django_fastcache.protocol.meta import MetaResult, read_meta_replies
+from django_fastcache.protocol.meta import MetaResult, meta_key_problem, read_meta_replies
 
 
 class ReplyKind(enum.IntEnum):
@@ -214,6 +214,8 @@ class ReplyParser:
                     return found
             elif kind is _RETRIEVAL:
                 self._expected = None if keys is None else set(keys)
+            elif keys is not None:  # META: a quiet multi-get's keys, checked by _read_meta
+                self._expected = set(keys)
         elif kind != waiting:
             raise RuntimeError(f"next_reply({kind!r}) called with a {waiting!r} reply unfinished")
         reply = _READERS[kind](self)
@@ -428,6 +430,14 @@ class ReplyParser:
         except ProtocolError as exc:
             self._fail(str(exc))
             raise
+        expected = self._expected
+        if replies is not None and expected is not None:
+            # A reply for a key not asked (or twice) answers another request: the stream
+            # is out of step, and the connection must go.
+            self._expected = None
+            problem = meta_key_problem(replies, expected)
+            if problem is not None:
+                raise self._fail(problem)
         return replies
 
     # -- shared steps ----------------------------------------------------------------------

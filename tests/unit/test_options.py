@@ -76,6 +76,11 @@ GOOD_VALUES: dict[str, list[Any]] = {
     ],
     "disk_timeout": [0.001, 1, 2.5],
     "disk_max_staleness": [0.5, 300, 86400.0],
+    "protocol": ["auto", "meta", "classic"],
+    "stampede_protection": [True, False],
+    "stampede_lease": [0.5, 10, 60.0],
+    "stampede_wait": [0.1, 15, 120.0],
+    "stale_while_revalidate": [0, 0.5, 30],
     # The dict and True forms become TLSOptions: tests/unit/test_security.py.
     "ssl": [None, TLSOptions(ca_file="/etc/ssl/memcached-ca.pem"), ssl.create_default_context()],
     # Only together: tests/unit/test_security.py.

@@ -104,7 +104,7 @@ def test_ints_are_never_compressed(cls: type) -> None:
 
 
 @pytest.mark.parametrize("cls", BOTH)
-@pytest.mark.parametrize("value", [b"", b"abc", bytes(range(256))])
+@pytest.mark.parametrize("value", [b"abc", bytes(range(256))])
 def test_bytes_are_stored_raw(cls: type, value: bytes) -> None:
     data, flags = cls().dumps(value)
     assert (data, flags) == (value, FLAG_BYTES)
