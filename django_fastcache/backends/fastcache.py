@@ -101,6 +101,9 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
         idle_timeout=options.idle_timeout,
         # Replies may carry values other clients stored, up to the server's limit.
         max_value_size=max(options.max_value_size, 1024 * 1024) + 1024,
+        placement=options.placement,
+        autodiscovery=options.autodiscovery,
+        autodiscovery_interval=options.autodiscovery_interval,
         ssl=options.ssl,
         username=options.username,
         password=options.password,

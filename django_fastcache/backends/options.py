@@ -17,6 +17,7 @@ from typing import Any
 
 from ..client.security import TLSOptions, check_credentials, normalize_tls
 from ..errors import ConfigurationError
+from ..client.placement import PLACEMENTS
 from ..serializers import SERIALIZERS
 
 
@@ -36,6 +37,15 @@ class FastCacheOptions:
     #: Largest value sent, in bytes after serialization; memcached's ``-I`` (1 MiB default).
     #: Larger values are refused without a round trip, and the key's old value is deleted.
     max_value_size: int = 1024 * 1024
+    #: How keys are placed on nodes: ``"rendezvous"`` (FastCache's own), or as another client
+    #: places them (``"ketama"``, ``"ketama_md5"``, ``"ketama_weighted"``: pylibmc's ketama
+    #: behaviours; ``"emcache"``), so a cache that client filled stays warm. docs/placement.md.
+    placement: str = "rendezvous"
+    #: LOCATION names configuration endpoints (ElastiCache, Memorystore) whose node list
+    #: ``config get cluster`` reads, and keeps current in the background.
+    autodiscovery: bool = False
+    #: Seconds between two reads of the node list.
+    autodiscovery_interval: float = 60.0
     #: TLS to memcached's TCP nodes: an ``ssl.SSLContext``, True (the system's CAs), or a
     #: dict of ``ca_file``, ``cert_file``, ``key_file``, ``server_hostname``,
     #: ``check_hostname`` (kept as :class:`TLSOptions`). None: plain TCP. docs/security.md.
@@ -214,6 +224,7 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
         "idle_timeout",
         "disk_timeout",
         "disk_max_staleness",
+        "autodiscovery_interval",
         "stampede_lease",
         "stampede_wait",
     ):
@@ -229,6 +240,26 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
     boolean("hash_invalid_keys")
     boolean("disk_tier")
     boolean("sign_values")
+    boolean("autodiscovery")
+    if "placement" in raw and raw["placement"] not in PLACEMENTS:
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E031",
+                f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, got"
+                f" {raw['placement']!r}.",
+                "'ketama' matches pylibmc's behaviors={'ketama': True}; see the placement docs.",
+            )
+        )
+        raw.pop("placement")
+    if raw.get("autodiscovery") and raw.get("disk_tier", True):
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E032",
+                "autodiscovery needs the disk tier off: its node states follow a fixed node list.",
+                'Add "disk_tier": False to OPTIONS.',
+            )
+        )
+        raw.pop("autodiscovery")
     boolean("stampede_protection")
     if "protocol" in raw and raw["protocol"] not in PROTOCOLS:
         problems.append(

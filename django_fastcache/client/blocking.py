@@ -410,6 +410,8 @@ class BlockingClient(CommandSet):
         # The connections, not the client, are what a forked child must drop (and a
         # compiled client cannot be weakly referenced).
         forksafe.register(self._local)
+        if cluster.dynamic:  # autodiscovery: close connections to nodes that leave
+            cluster.add_listener(None, self._local.drop_nodes)
 
     def _connection(self, node: int, deadline: float) -> BlockingConnection:
         local = self._local

@@ -52,6 +52,9 @@ class Client(CommandSet):
         ssl: SSLOption = None,
         username: str | None = None,
         password: str | None = None,
+        placement: str = "rendezvous",
+        autodiscovery: bool = False,
+        autodiscovery_interval: float = 60.0,
     ) -> None:
         security = make_security(ssl, username, password)
         settings = ClientSettings(
@@ -62,6 +65,9 @@ class Client(CommandSet):
             idle_timeout=idle_timeout,
             max_value_size=max_value_size,
             security=security,
+            placement=placement,
+            autodiscovery=autodiscovery,
+            autodiscovery_interval=autodiscovery_interval,
         )
         self.cluster = Cluster(servers, settings)
         self.timeout = settings.timeout
@@ -82,6 +88,8 @@ class Client(CommandSet):
         self._pools_by_loop: dict[asyncio.AbstractEventLoop, list[Pool]] = {}
         self._lock = threading.Lock()
         forksafe.register(self)
+        if self.cluster.dynamic:  # autodiscovery: pools follow the node list
+            self.cluster.add_listener(self._nodes_added, self._nodes_removed)
 
     @property
     def addresses(self) -> tuple[Address, ...]:
@@ -104,7 +112,28 @@ class Client(CommandSet):
                     del self._pools_by_loop[old_loop]
                 pools = [Pool(a, self._pool_settings, loop) for a in self.cluster.addresses]
                 self._pools_by_loop[loop] = pools
+        if self.cluster.discovery is not None:
+            self.cluster.discovery.start()  # again, after an aclose()
         return pools
+
+    # -- autodiscovery: the node list changed (called from the refresher thread) ---------
+    def _nodes_added(self, slots: tuple[int, ...]) -> None:
+        """Pools for nodes that joined (or came back), before keys are routed to them."""
+        addresses = self.cluster.addresses
+        with self._lock:
+            for loop, pools in self._pools_by_loop.items():
+                while len(pools) < len(addresses):
+                    pools.append(Pool(addresses[len(pools)], self._pool_settings, loop))
+                for slot in slots:  # a node that comes back: its old pool was closed
+                    pools[slot] = Pool(addresses[slot], self._pool_settings, loop)
+
+    def _nodes_removed(self, slots: tuple[int, ...]) -> None:
+        """Close the pools of nodes that left, on their own loops."""
+        with self._lock:
+            for loop, pools in self._pools_by_loop.items():
+                if not loop.is_closed():
+                    for slot in slots:
+                        loop.call_soon_threadsafe(pools[slot].close)
 
     def _forget_after_fork(self) -> object:
         """In a forked child: drop (and hand back) the parent's pools without touching them."""
@@ -264,6 +293,8 @@ class Client(CommandSet):
             pools = self._pools_by_loop.pop(loop, [])
         for pool in pools:
             pool.close()
+        if self.cluster.discovery is not None:
+            self.cluster.discovery.close()
         await asyncio.sleep(0)  # one turn for the transports to finish closing
 
 

@@ -3,17 +3,33 @@
 A :class:`Cluster` holds nothing tied to an event loop, a thread or a socket, so one
 instance is shared by every thread and loop of the process; the async client and the
 blocking client both route through it.
+
+Nodes are numbered by *slot*: the position of their address in :attr:`Cluster.addresses`.
+A fixed cluster's slots are its ``LOCATION`` order. With autodiscovery the node list
+changes, and slots are never reused or renumbered: a node seen for the first time gets the
+next slot, a node that leaves keeps its slot (it is just no longer routed to) and gets it
+back if it returns. So a slot that a request was routed to stays valid whatever changes
+meanwhile, and the request path needs no lock and no extra check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import ConfigurationError, InvalidArgumentError
 from .address import Address, parse_address
-from .hashing import Rendezvous
+from .hashing import Placement
+from .placement import PLACEMENTS, make_placement
 from .security import Security
+
+logger = logging.getLogger("django_fastcache")
+
+#: Told the slots that joined (before keys are routed to them) or left (after).
+SlotsListener = Callable[[tuple[int, ...]], None]
 
 
 @dataclass(frozen=True)
@@ -32,6 +48,12 @@ class ClientSettings:
     max_value_size: int = 1024 * 1024
     #: TLS and authentication for new connections (see :mod:`.security`); None: neither.
     security: Security | None = None
+    #: How keys are placed on nodes: one of ``placement.PLACEMENTS``.
+    placement: str = "rendezvous"
+    #: The addresses given are configuration endpoints (``config get cluster``), not nodes.
+    autodiscovery: bool = False
+    #: Seconds between two refreshes of the node list.
+    autodiscovery_interval: float = 60.0
 
     def __post_init__(self) -> None:
         if self.timeout <= 0 or self.connect_timeout <= 0:
@@ -40,32 +62,137 @@ class ClientSettings:
             raise InvalidArgumentError("need 1 <= min_connections <= max_connections")
         if self.idle_timeout <= 0 or self.max_value_size <= 0:
             raise InvalidArgumentError("idle_timeout and max_value_size must be positive")
+        if self.placement not in PLACEMENTS:
+            raise InvalidArgumentError(
+                f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, "
+                f"not {self.placement!r}"
+            )
+        if not self.autodiscovery_interval > 0:
+            raise InvalidArgumentError("autodiscovery_interval must be positive")
 
 
 class Cluster:
-    """Nodes and the rendezvous routing of keys over them."""
+    """Nodes and the routing of keys over them."""
 
     def __init__(self, servers: Sequence[str | Address], settings: ClientSettings) -> None:
         if isinstance(servers, str):
             servers = [servers]
         if not servers:
             raise InvalidArgumentError("at least one server address is needed")
-        self.addresses: tuple[Address, ...] = tuple(
-            s if isinstance(s, Address) else parse_address(s) for s in servers
-        )
+        given = tuple(s if isinstance(s, Address) else parse_address(s) for s in servers)
         self.settings = settings
-        self.node_ids: tuple[str, ...] = tuple(a.node_id for a in self.addresses)
-        self._hashing = Rendezvous(self.node_ids)
-        self.single_node = len(self.addresses) == 1
+        #: Whether the node list can change (autodiscovery).
+        self.dynamic = settings.autodiscovery
+        self._listeners: list[tuple[SlotsListener | None, SlotsListener | None]] = []
+        self._update_lock = threading.Lock()
+        self.discovery: Any = None
+        if not self.dynamic:
+            self.endpoints: tuple[Address, ...] = ()
+            #: Every node's address, by slot.
+            self.addresses: tuple[Address, ...] = given
+            self.node_ids: tuple[str, ...] = tuple(a.node_id for a in given)
+            #: The slots keys are routed to now, in the order the nodes were listed.
+            self.live: tuple[int, ...] = tuple(range(len(given)))
+            self._slots = {node_id: slot for slot, node_id in enumerate(self.node_ids)}
+            self._hashing: Placement = make_placement(settings.placement, given)
+            self._only = 0
+            self.single_node = len(given) == 1
+            return
+        from .discovery import Discovery  # only clusters that discover need it
+
+        self.endpoints = given
+        self.addresses = ()
+        self.node_ids = ()
+        self.live = ()
+        self._slots = {}
+        # Until the first node list arrives, routing a key fetches it (see Discovery).
+        self.discovery = Discovery(self)
+        self._hashing = self.discovery.pending_placement()
+        self._only = 0
+        self.single_node = False
 
     def __len__(self) -> int:
+        """The number of slots (every node ever known; see :attr:`live` for the current)."""
         return len(self.addresses)
 
     def node_index(self, key: bytes) -> int:
-        return 0 if self.single_node else self._hashing.node_index(key)
+        return self._only if self.single_node else self._hashing.node_index(key)
 
     def group(self, keys: Iterable[bytes]) -> dict[int, list[bytes]]:
-        """Keys by node index, in their original order within each node."""
+        """Keys by node slot, in their original order within each node."""
         if self.single_node:
-            return {0: list(keys)}
+            return {self._only: list(keys)}
         return self._hashing.group(keys)
+
+    def live_nodes(self) -> tuple[int, ...]:
+        """The slots of the nodes in use now (fetching the node list first if need be)."""
+        if not self.live and self.discovery is not None:
+            self.discovery.refresh_now()
+        return self.live
+
+    @property
+    def placement(self) -> Placement:
+        """The current router (for reports; requests go through :meth:`node_index`)."""
+        return self._hashing
+
+    # -- node list changes (autodiscovery) -------------------------------------------------
+    def add_listener(
+        self, added: SlotsListener | None = None, removed: SlotsListener | None = None
+    ) -> None:
+        """Have ``added(slots)`` called before keys are routed to new slots, and
+        ``removed(slots)`` once no key is routed to slots any more."""
+        self._listeners.append((added, removed))
+
+    def update(self, servers: Sequence[Address], reason: str = "") -> bool:
+        """Route keys over ``servers`` from now on; False when nothing changed."""
+        if not servers:
+            raise ConfigurationError("a node list must name at least one node")
+        with self._update_lock:
+            addresses = list(self.addresses)
+            slots: list[int] = []
+            for address in servers:
+                slot = self._slots.get(address.node_id)
+                if slot is None:
+                    slot = len(addresses)
+                    addresses.append(address)
+                    self._slots[address.node_id] = slot
+                if slot not in slots:
+                    slots.append(slot)
+            if tuple(slots) == self.live:
+                return False
+            before = set(self.live)
+            added = tuple(slot for slot in slots if slot not in before)
+            removed = tuple(slot for slot in self.live if slot not in set(slots))
+            self.addresses = tuple(addresses)
+            self.node_ids = tuple(a.node_id for a in addresses)
+            for on_added, _on_removed in self._listeners:
+                if on_added is not None and added:
+                    on_added(added)
+            hashing = make_placement(
+                self.settings.placement, [addresses[slot] for slot in slots], slots
+            )
+            # Readers take no lock: every order of these writes routes by the old list or
+            # by the new one, and both name valid slots.
+            if len(slots) == 1:
+                self._only = slots[0]
+                self.single_node = True
+                self._hashing = hashing
+            else:
+                self._hashing = hashing
+                self.single_node = False
+            self.live = tuple(slots)
+            for _on_added, on_removed in self._listeners:
+                if on_removed is not None and removed:
+                    on_removed(removed)
+        logger.info(
+            "memcached node list changed%s: %s (added %s, removed %s)",
+            f" ({reason})" if reason else "",
+            ", ".join(addresses[slot].node_id for slot in slots),
+            ", ".join(addresses[slot].node_id for slot in added) or "none",
+            ", ".join(addresses[slot].node_id for slot in removed) or "none",
+        )
+        return True
+
+    def reset_lock_after_fork(self) -> None:
+        """In a forked child: the parent's refresher may have held the lock at the fork."""
+        self._update_lock = threading.Lock()

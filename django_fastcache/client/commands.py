@@ -366,7 +366,7 @@ class CommandSet(MetaCommands):
         self, data: bytes, kind: ReplyKind, noreply: bool, only: Iterable[int] | None = None
     ) -> dict[str, Any]:
         """Each node's reply, by node id (nothing with noreply)."""
-        nodes = range(len(self.cluster)) if only is None else sorted(set(only))
+        nodes = self.cluster.live_nodes() if only is None else sorted(set(only))
         if noreply:
             for node in nodes:
                 await self._send_noreply(node, data)

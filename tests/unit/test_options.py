@@ -76,6 +76,10 @@ GOOD_VALUES: dict[str, list[Any]] = {
     ],
     "disk_timeout": [0.001, 1, 2.5],
     "disk_max_staleness": [0.5, 300, 86400.0],
+    "placement": ["rendezvous", "ketama", "ketama_md5", "ketama_weighted", "emcache"],
+    # True only with the disk tier off: tests/unit/test_placement_command.py.
+    "autodiscovery": [False],
+    "autodiscovery_interval": [0.5, 60, 300.0],
     "protocol": ["auto", "meta", "classic"],
     "stampede_protection": [True, False],
     "stampede_lease": [0.5, 10, 60.0],

@@ -1,4 +1,5 @@
 """``manage.py fastcache status [--alias NAME]``: every FastCache alias, every node, now.
+``manage.py fastcache placement --add/--remove HOST:PORT``: the keys a node change moves.
 
 Each node is reached over a connection of its own (not the process's pooled ones), asked
 for its version and timed, so a wrong LOCATION shows up as the error that names the fix.
@@ -18,10 +19,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
-from django_fastcache.client.address import Address
+from django_fastcache.client.address import Address, parse_address
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.cluster import ClientSettings, Cluster
-from django_fastcache.errors import FastCacheError
+from django_fastcache.client.placement import PLACEMENTS, movement
+from django_fastcache.errors import ConfigurationError, FastCacheError
 
 
 def probe(address: Address, client_settings: ClientSettings) -> tuple[str | None, float, str]:
@@ -44,8 +46,30 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         status = sub.add_parser("status", help="connect to every node; show the disk tier")
         status.add_argument("--alias", help="only this cache alias (default: every FastCache)")
+        placement = sub.add_parser(
+            "placement", help="how many keys a change of the node list would move"
+        )
+        placement.add_argument("--alias", help="only this cache alias (default: every FastCache)")
+        placement.add_argument(
+            "--add", action="append", default=[], metavar="HOST:PORT", help="a node to add"
+        )
+        placement.add_argument(
+            "--remove", action="append", default=[], metavar="HOST:PORT", help="a node to remove"
+        )
+        placement.add_argument(
+            "--placement",
+            choices=PLACEMENTS,
+            help="the placement to compare under (default: the alias's own)",
+        )
+        placement.add_argument(
+            "--keys", metavar="FILE", help="count these keys (one a line) instead of a sample"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "placement":
+            for alias, cache in self._aliases(options.get("alias")):
+                self._placement(alias, cache, options)
+            return
         unreachable = 0
         for alias, cache in self._aliases(options.get("alias")):
             unreachable += self._report(alias, cache)
@@ -98,3 +122,36 @@ class Command(BaseCommand):
                 "  counters (this process): " + ", ".join(f"{k}={v}" for k, v in counters.items())
             )
         return unreachable
+
+    def _placement(self, alias: str, cache: FastCache, options: dict[str, Any]) -> None:
+        """Report what ``--add``/``--remove`` would do to the alias's key placement."""
+        if not options["add"] and not options["remove"]:
+            raise CommandError("say which nodes change: --add HOST:PORT and/or --remove HOST:PORT")
+        cluster = cache.blocking_client.cluster
+        mode = options["placement"] or cluster.settings.placement
+        before = [cluster.addresses[slot] for slot in cluster.live_nodes()]
+        try:
+            added = [parse_address(text) for text in options["add"]]
+            removed = {parse_address(text).node_id for text in options["remove"]}
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from exc
+        known = {address.node_id for address in before}
+        for node_id in sorted(removed - known):
+            raise CommandError(f"{node_id} is not one of {alias}'s nodes ({', '.join(known)})")
+        after = [a for a in before if a.node_id not in removed]
+        after += [a for a in added if a.node_id not in known]
+        if not after:
+            raise CommandError("that would leave no node")
+        keys = None
+        if options["keys"]:
+            with open(options["keys"], "rb") as lines:
+                keys = [line.rstrip(b"\r\n") for line in lines if line.strip()]
+        moved = movement(before, after, mode, keys)
+        write = self.stdout.write
+        write(f"{alias}: {mode} placement, {len(before)} node(s) -> {len(after)} node(s)")
+        source = "keys from " + options["keys"] if options["keys"] else "sample keys"
+        write(f"  {moved.moved} of {moved.keys} {source} move: {moved.fraction:.1%}")
+        for node_id, count in sorted(moved.moved_from.items()):
+            write(f"    from {node_id}: {count}")
+        for node_id, count in sorted(moved.moved_to.items()):
+            write(f"    to   {node_id}: {count}")

@@ -1,0 +1,345 @@
+"""Autodiscovery against a fake configuration endpoint, with real memcached nodes.
+
+The endpoint (:class:`FakeConfigEndpoint`) writes its replies one byte at a time and changes
+its node list between refreshes; the nodes are the session's real memcached processes.
+Refreshes are driven by calling :meth:`Discovery.refresh` where a test needs to know when
+one happened; the background thread is tested on its own, by waiting for what it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from django_fastcache.backends.fastcache import FastCache
+from django_fastcache.bridge import run_blocking
+from django_fastcache.client import Client
+from django_fastcache.client.blocking import BlockingClient
+from django_fastcache.errors import ConnectFailedError
+from django_fastcache.testing.config_endpoint import FakeConfigEndpoint
+from django_fastcache.testing.servers import MemcachedServer
+from tests.conftest import MemcachedCluster
+from tests.integration.test_bridge import fork_and_run
+
+pytestmark = pytest.mark.integration
+
+KEYS = [b"key:%d" % n for n in range(200)]
+
+
+def entry(server: MemcachedServer, name: str) -> tuple[str, str, int]:
+    return (f"{name}.cache.internal", server.host, server.port)
+
+
+@pytest.fixture
+def nodes(memcached_cluster: MemcachedCluster) -> list[MemcachedServer]:
+    return memcached_cluster.tcp
+
+
+@pytest.fixture
+def endpoint(nodes: list[MemcachedServer]) -> Iterator[FakeConfigEndpoint]:
+    with FakeConfigEndpoint([entry(nodes[0], "a"), entry(nodes[1], "b")]) as fake:
+        yield fake
+
+
+def connections(server: MemcachedServer) -> int:
+    with socket.create_connection((server.host, server.port), 5) as sock:
+        sock.sendall(b"stats\r\n")
+        reply = b""
+        while not reply.endswith(b"END\r\n"):
+            reply += sock.recv(65536)
+    for line in reply.split(b"\r\n"):
+        if line.startswith(b"STAT curr_connections "):
+            return int(line.split()[2]) - 1  # not counting this one
+    raise AssertionError("no curr_connections")
+
+
+def holds(server: MemcachedServer, key: bytes) -> bool:
+    with socket.create_connection((server.host, server.port), 5) as sock:
+        sock.sendall(b"mg " + key + b"\r\n")
+        reply = b""
+        while not reply.endswith(b"\r\n"):
+            reply += sock.recv(4096)
+    return reply.startswith(b"HD")
+
+
+def value_on(server: MemcachedServer, key: bytes) -> bytes | None:
+    with socket.create_connection((server.host, server.port), 5) as sock:
+        sock.sendall(b"mg " + key + b" v\r\n")
+        reply = b""
+        while not (reply.startswith(b"EN\r\n") or reply.count(b"\r\n") == 2):
+            reply += sock.recv(4096)
+    return None if reply.startswith(b"EN") else reply.split(b"\r\n")[1]
+
+
+def assert_latest_on_owner(client: Client, nodes: list[MemcachedServer], value: bytes) -> None:
+    """Every key's owner (as routed now) holds its latest value."""
+    by_id = {f"{n.host}:{n.port}": n for n in nodes}
+    for key in KEYS:
+        owner = client.cluster.node_ids[client.cluster.node_index(key)]
+        assert value_on(by_id[owner], key) == value, key
+
+
+def live_ids(client: Client) -> list[str]:
+    cluster = client.cluster
+    return [cluster.node_ids[slot] for slot in cluster.live]
+
+
+def assert_routed(client: Client, nodes: list[MemcachedServer], keys: list[bytes]) -> None:
+    """Every key sits on the node the cluster routes it to, and on no other."""
+    by_id = {f"{n.host}:{n.port}": n for n in nodes}
+    for key in keys:
+        owner = client.cluster.node_ids[client.cluster.node_index(key)]
+        assert [holds(n, key) for n in nodes] == [n is by_id[owner] for n in nodes], key
+
+
+def wait_until(condition: object, endpoint: FakeConfigEndpoint) -> None:
+    assert endpoint.wait_for(condition)  # type: ignore[arg-type]
+
+
+def test_blocking_client_follows_the_node_list(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer]
+) -> None:
+    client = Client([endpoint.location], autodiscovery=True, autodiscovery_interval=3600)
+    blocking = BlockingClient(client.cluster)
+    discovery = client.cluster.discovery
+    try:
+        assert endpoint.requests == 0  # nothing fetched when built
+        for key in KEYS:  # the first key routed fetches the node list
+            assert run_blocking(blocking.set(key, b"v")) is True
+        assert endpoint.requests == 1
+        assert live_ids(client) == [f"{n.host}:{n.port}" for n in nodes[:2]]
+        assert discovery.version == 1
+        assert_routed(client, nodes, KEYS)
+        leaving = client.cluster.live[0]
+        open_before = connections(nodes[0])
+
+        # Node a leaves, node c joins.
+        endpoint.set_nodes([entry(nodes[1], "b"), entry(nodes[2], "c")])
+        assert discovery.refresh() is True
+        assert discovery.version == 2
+        assert live_ids(client) == [f"{n.host}:{n.port}" for n in nodes[1:]]
+        # The connection to the node that left is closed.
+        wait_until(lambda: connections(nodes[0]) == open_before - 1, endpoint)
+        assert leaving not in blocking._local.by_node
+        # Keys follow the new list: those that were on a now read as misses, written anew
+        # they land on b or c.
+        found = run_blocking(blocking.get_many(KEYS))
+        assert 0 < len(found) < len(KEYS)
+        for key in KEYS:
+            assert run_blocking(blocking.set(key, b"w")) is True
+        assert_latest_on_owner(client, nodes, b"w")
+        assert not any(
+            client.cluster.node_ids[client.cluster.node_index(k)]
+            == f"{nodes[0].host}:{nodes[0].port}"
+            for k in KEYS
+        )
+
+        # Nothing changed: nothing to do.
+        assert discovery.refresh() is False
+        # Node a comes back under its old slot.
+        endpoint.set_nodes([entry(nodes[0], "a"), entry(nodes[1], "b"), entry(nodes[2], "c")])
+        assert discovery.refresh() is True
+        assert leaving in client.cluster.live
+        assert len(client.cluster.addresses) == 3
+        for key in KEYS:
+            assert run_blocking(blocking.set(key, b"x")) is True
+        assert run_blocking(blocking.get_many(KEYS)).keys() == set(KEYS)
+    finally:
+        discovery.close()
+        blocking.close_thread_connections()
+
+
+def test_async_client_follows_the_node_list(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer]
+) -> None:
+    client = Client([endpoint.location], autodiscovery=True, autodiscovery_interval=3600)
+    discovery = client.cluster.discovery
+
+    async def scenario() -> None:
+        for key in KEYS:
+            assert await client.set(key, b"v") is True
+        assert live_ids(client) == [f"{n.host}:{n.port}" for n in nodes[:2]]
+        assert_routed(client, nodes, KEYS)
+        open_before = connections(nodes[0])
+        endpoint.set_nodes([entry(nodes[1], "b"), entry(nodes[2], "c")])
+        # From another thread, as the refresher does it.
+        assert await asyncio.get_running_loop().run_in_executor(None, discovery.refresh)
+        for _ in range(500):  # the pool is closed on its own loop: give it turns
+            if connections(nodes[0]) == open_before - 1:
+                break
+            await asyncio.sleep(0.01)
+        assert connections(nodes[0]) == open_before - 1
+        for key in KEYS:
+            assert await client.set(key, b"w") is True
+        assert_latest_on_owner(client, nodes, b"w")
+        assert (await client.get_many(KEYS)).keys() == set(KEYS)
+        # Node a comes back: its pool was closed, a new one serves it.
+        endpoint.set_nodes([entry(nodes[0], "a"), entry(nodes[1], "b")])
+        assert await asyncio.get_running_loop().run_in_executor(None, discovery.refresh)
+        for key in KEYS:
+            assert await client.set(key, b"x") is True
+        assert (await client.get_many(KEYS)).keys() == set(KEYS)
+        await client.aclose()
+
+    asyncio.run(scenario())
+    assert not discovery.running  # aclose() stopped the refresher
+
+
+def test_background_refresh_and_close(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer]
+) -> None:
+    client = Client([endpoint.location], autodiscovery=True, autodiscovery_interval=0.02)
+    blocking = BlockingClient(client.cluster)
+    discovery = client.cluster.discovery
+    try:
+        assert not discovery.running
+        assert run_blocking(blocking.set(b"k", b"v")) is True
+        assert discovery.running
+        endpoint.set_nodes([entry(nodes[2], "c")])
+        wait_until(lambda: live_ids(client) == [f"{nodes[2].host}:{nodes[2].port}"], endpoint)
+        assert run_blocking(blocking.set(b"k", b"v")) is True
+        assert holds(nodes[2], b"k")
+        discovery.close()
+        assert not discovery.running
+        asked = endpoint.requests
+        # The thread has ended (close joined it): no request can follow.
+        assert discovery._thread is None
+        assert endpoint.requests == asked
+    finally:
+        discovery.close()
+        blocking.close_thread_connections()
+
+
+@pytest.mark.parametrize("failure", ["error", "close", "garbage", "down"])
+def test_failed_refresh_keeps_the_last_list(
+    endpoint: FakeConfigEndpoint,
+    nodes: list[MemcachedServer],
+    failure: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = Client([endpoint.location], autodiscovery=True, autodiscovery_interval=3600)
+    blocking = BlockingClient(client.cluster)
+    discovery = client.cluster.discovery
+    try:
+        assert run_blocking(blocking.set(b"k", b"v")) is True
+        before = live_ids(client)
+        endpoint.set_nodes([entry(nodes[2], "c")])
+        if failure == "down":
+            endpoint.stop()
+        else:
+            endpoint.fail = failure
+        with caplog.at_level(logging.WARNING, logger="django_fastcache"):
+            assert discovery.refresh() is False
+        assert live_ids(client) == before
+        assert discovery.failures == 1
+        assert discovery.last_error
+        assert "keeping the last one" in caplog.text
+        assert run_blocking(blocking.get(b"k")) is not None  # still served
+        if failure != "down":
+            endpoint.fail = None
+            assert discovery.refresh() is True
+            assert discovery.last_error is None
+            assert live_ids(client) == [f"{nodes[2].host}:{nodes[2].port}"]
+    finally:
+        discovery.close()
+        blocking.close_thread_connections()
+
+
+def test_first_fetch_failing_fails_the_call(endpoint: FakeConfigEndpoint) -> None:
+    endpoint.stop()
+    client = Client([endpoint.location], autodiscovery=True)
+    blocking = BlockingClient(client.cluster)
+    with pytest.raises(ConnectFailedError, match=endpoint.location):
+        run_blocking(blocking.get(b"k"))
+    assert client.cluster.live == ()
+    assert not client.cluster.discovery.running
+
+
+def test_a_second_endpoint_answers_when_the_first_does_not(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer]
+) -> None:
+    with FakeConfigEndpoint([entry(nodes[0], "a")]) as dead:
+        dead_location = dead.location
+    client = Client([dead_location, endpoint.location], autodiscovery=True)
+    blocking = BlockingClient(client.cluster)
+    try:
+        assert run_blocking(blocking.set(b"k", b"v")) is True
+        assert len(client.cluster.live) == 2
+    finally:
+        client.cluster.discovery.close()
+        blocking.close_thread_connections()
+
+
+def test_whole_node_commands_go_to_the_current_nodes(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer]
+) -> None:
+    client = Client([endpoint.location], autodiscovery=True, autodiscovery_interval=3600)
+    blocking = BlockingClient(client.cluster)
+    try:
+        assert set(run_blocking(blocking.version())) == set(live_ids(client))
+        endpoint.set_nodes([entry(nodes[2], "c")])
+        client.cluster.discovery.refresh()
+        assert list(run_blocking(blocking.version())) == [f"{nodes[2].host}:{nodes[2].port}"]
+    finally:
+        client.cluster.discovery.close()
+        blocking.close_thread_connections()
+
+
+def test_a_forked_child_refreshes_on_its_own(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer]
+) -> None:
+    client = Client([endpoint.location], autodiscovery=True, autodiscovery_interval=0.02)
+    blocking = BlockingClient(client.cluster)
+    discovery = client.cluster.discovery
+    try:
+        assert run_blocking(blocking.set(b"parent", b"p")) is True
+        assert discovery.running
+
+        def child() -> bool:
+            # The parent's thread does not exist here: a thread of the child's own refreshes.
+            if not discovery.running:
+                return False
+            done = discovery.refreshes
+            deadline = time.monotonic() + 5
+            while discovery.refreshes < done + 2:  # two of its own, so it loops
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.005)
+            ok = run_blocking(blocking.set(b"child", b"c")) is True
+            ok &= run_blocking(blocking.get(b"parent")) is not None
+            discovery.close()
+            return ok
+
+        assert fork_and_run(child) == 0
+        assert discovery.running
+        assert run_blocking(blocking.get(b"child")) is not None
+    finally:
+        discovery.close()
+        blocking.close_thread_connections()
+
+
+def test_django_backend_with_autodiscovery(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer]
+) -> None:
+    cache = FastCache(
+        endpoint.location,
+        {"OPTIONS": {"autodiscovery": True, "disk_tier": False, "autodiscovery_interval": 30}},
+    )
+    discovery = cache.blocking_client.cluster.discovery
+    try:
+        values = {f"k{n}": n for n in range(50)}
+        cache.set_many(values)
+        assert cache.get_many(list(values)) == values
+        assert discovery.running
+
+        async def read() -> object:
+            return await cache.aget("k7")
+
+        assert asyncio.run(read()) == 7
+    finally:
+        discovery.close()
