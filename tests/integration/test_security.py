@@ -518,3 +518,20 @@ def test_a_tls_node_that_restarted_is_reconnected_to(
         assert item.value == b"2"
     finally:
         client.close_thread_connections()
+
+
+def test_with_the_disk_tier_a_refused_node_is_marked_out_and_logged(
+    auth_server: MemcachedServer, disk_directory: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    options = {
+        **PATIENT_OPTIONS,
+        "disk_directory": disk_directory,
+        "username": USER,
+        "password": "not-the-password",
+    }
+    cache = FastCache(auth_server.location, {"OPTIONS": options})
+    with caplog.at_level(logging.WARNING, logger="django_fastcache"):
+        cache.set("page", "kept on disk")
+        assert cache.get("page") == "kept on disk"
+    assert "refused the credentials" in caplog.text
+    assert "not-the-password" not in caplog.text
