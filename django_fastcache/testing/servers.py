@@ -248,6 +248,19 @@ class MemcachedServer(_ServerProcess):
         self._auth_directory: tempfile.TemporaryDirectory[str] | None = None
         self._auth_file: str | None = None
 
+    @classmethod
+    def supports_tls(cls) -> bool:
+        """Whether the installed memcached was built with TLS (its ``-Z`` option)."""
+        if not cls.available():
+            return False
+        try:
+            usage = subprocess.run(
+                [cls.binary, "-h"], capture_output=True, text=True, timeout=START_TIMEOUT
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return "--enable-ssl" in usage
+
     @property
     def location(self) -> str:
         """The address as FastCache's LOCATION takes it."""

@@ -71,8 +71,17 @@ def _running(server: MemcachedServer) -> Iterator[MemcachedServer]:
         server.stop()
 
 
+def _tls_needed() -> None:
+    if MemcachedServer.available() and not MemcachedServer.supports_tls():
+        pytest.skip(
+            "this memcached was built without TLS (no -Z): build memcached 1.6 with "
+            "./configure --enable-tls (Debian's and Ubuntu's packages have it)"
+        )
+
+
 @pytest.fixture(scope="module")
 def tls_server(certificates: Certificates) -> Iterator[MemcachedServer]:
+    _tls_needed()
     tls = ServerTLS(certificates.server_cert, certificates.server_key)
     yield from _running(MemcachedServer(tls=tls))
 
@@ -80,6 +89,7 @@ def tls_server(certificates: Certificates) -> Iterator[MemcachedServer]:
 @pytest.fixture(scope="module")
 def mutual_tls_server(certificates: Certificates) -> Iterator[MemcachedServer]:
     """Requires a client certificate signed by the test CA."""
+    _tls_needed()
     tls = ServerTLS(
         certificates.server_cert,
         certificates.server_key,
@@ -104,6 +114,7 @@ def auth_unix_server() -> Iterator[MemcachedServer]:
 
 @pytest.fixture(scope="module")
 def tls_auth_server(certificates: Certificates) -> Iterator[MemcachedServer]:
+    _tls_needed()
     tls = ServerTLS(certificates.server_cert, certificates.server_key)
     yield from _running(MemcachedServer(tls=tls, users={USER: PASSWORD}))
 
@@ -451,6 +462,7 @@ def test_the_backend_raises_the_refusal(
 # -- the blocking client's TLS connections between and during requests ----------------------------
 @pytest.fixture
 def two_tls_servers(certificates: Certificates) -> Iterator[list[MemcachedServer]]:
+    _tls_needed()
     tls = ServerTLS(certificates.server_cert, certificates.server_key)
     servers = [MemcachedServer(tls=tls).start(), MemcachedServer(tls=tls).start()]
     try:
