@@ -330,7 +330,12 @@ async def add_over_stub(
     if not meta_support(cache._options.protocol, client.cluster).known(node):
         return False  # no meta, no stubs
     reply = await client.meta_get(wire, cas=True, no_bump=True)
-    if reply is None or not is_stub(reply.value or b"", reply.client_flags or 0):
+    if reply is None:
+        return False
+    if not is_stub(reply.value or b"", reply.client_flags or 0):
+        if reply.win and reply.stale:
+            # Reading a stale value took its win: mark it stale again for get_or_set.
+            await _release(client, wire, reply, False)
         return False
     exptime = memcached_exptime(ttl, time.time())
     stored = await client.meta_set(wire, data, flags=flags, exptime=exptime, cas=reply.cas)

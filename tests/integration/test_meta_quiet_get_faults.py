@@ -1,0 +1,63 @@
+"""A quiet multi-get answered for a key that was not asked (or twice, or without its key)
+is another request's answer: the call raises ProtocolError and the connection is
+discarded, on both clients, so nothing later reads from the broken stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from django_fastcache.client.commands import CommandSet
+from django_fastcache.errors import ProtocolError
+from django_fastcache.protocol import ReplyParser, meta_get_many_command
+from django_fastcache.protocol.parser import ReplyKind
+from django_fastcache.testing.fake_server import Action, FakeMemcached
+
+from .client_runner import Runner, runner_fixture
+
+run = runner_fixture(timeout=2.0)
+
+WRONG_REPLIES = [
+    pytest.param(b"VA 1 f0 kother\r\nx\r\nMN\r\n", id="a key not asked"),
+    pytest.param(b"VA 1 f0 ka\r\nx\r\nVA 1 f0 ka\r\ny\r\nMN\r\n", id="a key twice"),
+    pytest.param(b"VA 1 f0\r\nx\r\nMN\r\n", id="no key"),
+]
+
+
+@pytest.mark.parametrize("reply", WRONG_REPLIES)
+def test_the_connection_is_discarded(run: Runner, reply: bytes) -> None:
+    # The fake takes "mg a ... q" and "mn" as two requests: the first is answered with
+    # the wrong reply (MN included), the second not at all.
+    with FakeMemcached(values={b"a": b"1"}, garbage=reply) as fake:
+        fake.script(Action.GARBAGE, Action.IGNORE)
+
+        async def scenario(client: CommandSet) -> Any:
+            with pytest.raises(ProtocolError, match="quiet mg"):
+                await client.meta_get_many([b"a", b"b"])
+            return await client.get(b"a")  # a fresh connection answers
+
+        item = run([fake.location], scenario)
+        assert item.value == b"1"
+        assert fake.wait_for(lambda: 1 in fake.closed_by_client)
+        assert fake.accepted == 2
+
+
+@pytest.mark.parametrize("reply", WRONG_REPLIES)
+def test_the_parser_refuses_it_and_stays_broken(reply: bytes) -> None:
+    parser = ReplyParser()
+    parser.feed(reply)
+    with pytest.raises(ProtocolError, match="quiet mg"):
+        parser.next_reply(ReplyKind.META, [b"a", b"b"])
+    with pytest.raises(ProtocolError):
+        parser.next_reply(ReplyKind.META)
+
+
+def test_the_right_keys_in_any_order_pass() -> None:
+    assert meta_get_many_command([b"a", b"b"]).endswith(b"mn\r\n")
+    parser = ReplyParser()
+    parser.feed(b"VA 1 f0 kb\r\ny\r\nVA 1 f0 ka\r\nx\r\nMN\r\nMN\r\n")
+    replies = parser.next_reply(ReplyKind.META, [b"a", b"b"])
+    assert [reply.key for reply in replies] == [b"b", b"a"]
+    # The next META reply without keys is not checked against the last one's.
+    assert parser.next_reply(ReplyKind.META) == []

@@ -1,0 +1,577 @@
+"""get_or_set's stampede protection against real memcached: leases, their release, stale
+values, the protocol option (and a fake server without meta), and stubs never surfacing
+through the classic commands. Every test that takes ``tier_options`` runs over memcached
+alone and with the disk tier on. The herds of 50 callers are in test_stampede_herd.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from django_fastcache.backends import FastCache
+from django_fastcache.bridge import run_blocking
+from django_fastcache.protocol import MetaUnsupportedError
+from django_fastcache.testing.fake_server import FakeMemcached
+from django_fastcache.testing.servers import MemcachedServer
+from tests.conftest import MEMCACHED_ONLY
+
+pytestmark = pytest.mark.integration
+
+# Generous bounds: reached only when something is broken.
+WAIT = 10.0
+
+
+def make(location: str, options: dict[str, Any], **extra: Any) -> FastCache:
+    return FastCache(location, {"TIMEOUT": 300, "OPTIONS": {**options, **extra}})
+
+
+def arun(cache: FastCache, work: Callable[[], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        try:
+            return await work()
+        finally:
+            await cache.client.aclose()
+
+    return asyncio.run(main())
+
+
+class Calls:
+    """A default callable that counts its calls and returns ``value``."""
+
+    def __init__(self, value: Any = "computed") -> None:
+        self.value = value
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        with self._lock:
+            self.count += 1
+        return self.value
+
+
+def memcached_gets(cache: FastCache) -> int:
+    """Reads memcached has served (classic and meta), over every node."""
+    stats = run_blocking(cache.blocking_client.stats())
+    return sum(int(node["cmd_get"]) for node in stats.values())
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def raw_mg(cache: FastCache, key: str, **flags: Any) -> Any:
+    """memcached's view of a key, read with a meta get that changes nothing."""
+    return run_blocking(cache.blocking_client.meta_get(cache.wire_key(key), no_bump=True, **flags))
+
+
+def make_stub(cache: FastCache, key: str, lease: int = 30) -> None:
+    """A lease's stub, as a get_or_set winner leaves it while it computes (or if it died)."""
+    reply = run_blocking(cache.blocking_client.meta_get(cache.wire_key(key), vivify=lease))
+    assert reply is not None
+    assert reply.win
+    assert reply.value == b""
+
+
+# -- the plain cases ---------------------------------------------------------------------
+
+
+def test_a_miss_is_computed_once_stored_and_then_hit(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options)
+    calls = Calls("value")
+    assert cache.get_or_set("k", calls) == "value"
+    assert cache.get_or_set("k", calls) == "value"
+    assert calls.count == 1
+    assert cache.get("k") == "value"
+    assert 0 < raw_mg(cache, "k", ttl=True).ttl <= 300
+
+
+def test_async_a_miss_is_computed_once_stored_and_then_hit(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options)
+    calls = Calls("value")
+
+    async def coroutine_default() -> str:
+        return "from a coroutine"
+
+    async def work() -> Any:
+        first = await cache.aget_or_set("k", calls)
+        second = await cache.aget_or_set("k", calls)
+        awaited = await cache.aget_or_set("c", coroutine_default)
+        return first, second, awaited, await cache.aget("c")
+
+    assert arun(cache, work) == ("value", "value", "from a coroutine", "from a coroutine")
+    assert calls.count == 1
+
+
+def test_plain_defaults_none_versions_and_zero_timeouts(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options)
+    assert cache.get_or_set("plain", "not callable") == "not callable"
+    assert cache.get("plain") == "not callable"
+    # A stored None is a hit.
+    assert cache.get_or_set("none", None) is None
+    assert cache.has_key("none")
+    assert cache.get_or_set("none", Calls("other")) is None
+    # timeout 0: the value is returned and nothing stays stored.
+    assert cache.get_or_set("zero", "gone", timeout=0) == "gone"
+    assert cache.get("zero") is None
+    assert not cache.has_key("zero")
+    assert raw_mg(cache, "zero") is None
+    # Versions are separate keys.
+    assert cache.get_or_set("v", "one", version=1) == "one"
+    assert cache.get_or_set("v", "two", version=2) == "two"
+    assert cache.get("v", version=1) == "one"
+
+
+def test_a_value_too_large_raises_and_leaves_no_stub(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options, max_value_size=1000)
+    with pytest.raises(ValueError, match="max_value_size"):
+        cache.get_or_set("big", lambda: b"x" * 5000)
+    assert raw_mg(cache, "big") is None
+    assert cache.get_or_set("big", "small") == "small"
+
+
+# -- leases ------------------------------------------------------------------------------
+
+
+def run_blocked_winner(
+    cache: FastCache, key: str, value: Any = "winner's"
+) -> tuple[threading.Thread, threading.Event, threading.Event, list[Any]]:
+    """A get_or_set on another thread whose default waits for ``release``; returns once
+    that default is running (the thread holds the lease)."""
+    computing = threading.Event()
+    release = threading.Event()
+    results: list[Any] = []
+
+    def default() -> Any:
+        computing.set()
+        assert release.wait(WAIT)
+        return value
+
+    def caller() -> None:
+        try:
+            results.append(cache.get_or_set(key, default))
+        except BaseException as exc:  # reported by the test
+            results.append(exc)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    assert computing.wait(WAIT)
+    return thread, release, computing, results
+
+
+def test_the_winner_holds_a_stub_that_classic_reads_take_for_a_miss(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options)
+    thread, release, _computing, results = run_blocked_winner(cache, "k")
+    try:
+        stub = raw_mg(cache, "k", cas=True)
+        assert stub is not None
+        assert (stub.value, stub.client_flags) == (b"", 0)
+        assert cache.get("k", "miss") == "miss"
+        assert cache.get_many(["k"]) == {}
+        assert not cache.has_key("k")
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert results == ["winner's"]
+    assert cache.get("k") == "winner's"
+
+
+def test_classic_protocol_takes_no_lease(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options, protocol="classic")
+    thread, release, _computing, results = run_blocked_winner(cache, "k")
+    try:
+        assert raw_mg(cache, "k") is None  # no stub: Django's own get, compute, add
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert results == ["winner's"]
+    assert cache.get("k") == "winner's"
+
+
+def test_a_delete_while_the_winner_computes_wins(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options)
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "computed before")
+    assert cache.delete("k")  # removes the stub: the lease's CAS no longer matches
+    release.set()
+    thread.join(WAIT)
+    assert results == ["computed before"]  # the caller still gets its value...
+    assert cache.get("k") is None  # ...but it is not stored over the delete
+
+
+def test_a_set_while_the_winner_computes_wins(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options)
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "old")
+    cache.set("k", "newer")
+    release.set()
+    thread.join(WAIT)
+    assert results == ["old"]
+    assert cache.get("k") == "newer"
+
+
+def test_an_add_while_the_winner_computes_replaces_the_stub(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options)
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "old")
+    assert cache.add("k", "added")
+    assert not cache.add("k", "again")  # a real value now
+    release.set()
+    thread.join(WAIT)
+    assert results == ["old"]
+    assert cache.get("k") == "added"
+
+
+def test_waiters_get_the_winners_value(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options)
+    thread, release, _computing, results = run_blocked_winner(cache, "k")
+    waiter_calls = Calls("the waiter's own")
+    waiter_results: list[Any] = []
+    gets = memcached_gets(cache)
+    waiter = threading.Thread(
+        target=lambda: waiter_results.append(cache.get_or_set("k", waiter_calls))
+    )
+    waiter.start()
+    # The waiter polls (each poll an mg) until the winner stores; it never computes.
+    assert wait_until(lambda: memcached_gets(cache) >= gets + 3)
+    release.set()
+    thread.join(WAIT)
+    waiter.join(WAIT)
+    assert results == waiter_results == ["winner's"]
+    assert waiter_calls.count == 0
+
+
+def test_a_winner_that_raises_lets_another_caller_win_at_once(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    # A long lease: only the release can explain a second winner within the test.
+    cache = make(memcached.location, tier_options, stampede_lease=300, stampede_wait=60)
+    callers = 10
+    barrier = threading.Barrier(callers)
+    lock = threading.Lock()
+    calls: list[int] = []
+
+    def default() -> str:
+        with lock:
+            calls.append(1)
+            first = len(calls) == 1
+        if first:
+            raise RuntimeError("the first computation fails")
+        return "second try"
+
+    results: list[Any] = []
+
+    def caller() -> None:
+        barrier.wait(WAIT)
+        try:
+            value = cache.get_or_set("k", default)
+        except RuntimeError as exc:
+            value = exc
+        with lock:
+            results.append(value)
+
+    threads = [threading.Thread(target=caller) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT * 3)
+    assert len(calls) == 2
+    assert sum(isinstance(result, RuntimeError) for result in results) == 1
+    assert results.count("second try") == callers - 1
+
+
+def test_async_a_winner_that_raises_releases_its_lease(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options, stampede_lease=300)
+
+    def failing() -> str:
+        raise RuntimeError("fails")
+
+    async def work() -> Any:
+        with pytest.raises(RuntimeError):
+            await cache.aget_or_set("k", failing)
+        return await cache.aget_or_set("k", Calls("next"))
+
+    assert arun(cache, work) == "next"
+
+
+def test_a_winner_that_died_is_replaced_when_its_lease_expires(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options, stampede_wait=WAIT)
+    make_stub(cache, "k", lease=1)  # a winner that never comes back
+    calls = Calls("recomputed")
+    assert cache.get_or_set("k", calls) == "recomputed"
+    assert calls.count == 1
+    assert cache.get("k") == "recomputed"
+
+
+def test_waiting_is_bounded_by_stampede_wait(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options, stampede_wait=0.2)
+    make_stub(cache, "k", lease=300)
+    calls = Calls("mine")
+    assert cache.get_or_set("k", calls) == "mine"
+    assert calls.count == 1
+    # Not stored: the lease holder's value will be.
+    assert raw_mg(cache, "k").value == b""
+
+
+# -- stale values ----------------------------------------------------------------------
+
+
+def test_invalidate_serves_the_stale_value_while_one_caller_recomputes(
+    memcached: MemcachedServer,
+) -> None:
+    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=30)
+    cache.set("k", "old")
+    # (Not looked at here: the first meta read of a stale value takes its win.)
+    assert cache.invalidate("k", stale_timeout=60)
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "new")
+    try:
+        others = Calls("not me")
+        assert cache.get_or_set("k", others) == "old"  # at once, while the winner computes
+        assert others.count == 0
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert results == ["new"]
+    assert cache.get_or_set("k", Calls()) == "new"
+    assert not raw_mg(cache, "k").stale
+
+
+def test_without_stale_while_revalidate_a_stale_value_is_waited_out(
+    memcached: MemcachedServer,
+) -> None:
+    cache = make(memcached.location, MEMCACHED_ONLY)
+    cache.set("k", "old")
+    assert cache.invalidate("k")
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "new")
+    waiter: list[Any] = []
+    waiting = threading.Thread(target=lambda: waiter.append(cache.get_or_set("k", Calls())))
+    waiting.start()
+    release.set()
+    thread.join(WAIT)
+    waiting.join(WAIT)
+    assert results == waiter == ["new"]
+
+
+def test_a_winner_of_a_stale_value_that_raises_marks_it_stale_again(
+    memcached: MemcachedServer,
+) -> None:
+    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=30)
+    cache.set("k", "old")
+    cache.invalidate("k")
+
+    def failing() -> str:
+        raise RuntimeError("fails")
+
+    with pytest.raises(RuntimeError):
+        cache.get_or_set("k", failing)
+    calls = Calls("new")
+    assert cache.get_or_set("k", calls) == "new"  # won again at once
+    assert calls.count == 1
+
+
+def test_async_invalidate(memcached: MemcachedServer) -> None:
+    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=30)
+
+    async def work() -> Any:
+        await cache.aset("k", "old")
+        assert await cache.ainvalidate("k")
+        assert not await cache.ainvalidate("missing")
+        return await cache.aget_or_set("k", Calls("new"))
+
+    assert arun(cache, work) == "new"  # the first caller after invalidate wins
+
+
+def test_invalidate_with_the_disk_tier_deletes(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory})
+    cache.set("k", "old")
+    assert cache.invalidate("k")
+    assert cache.get("k") is None
+    assert raw_mg(cache, "k") is None
+
+
+def test_one_caller_recomputes_ahead_of_expiry_while_others_get_the_value(
+    memcached: MemcachedServer,
+) -> None:
+    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=120)
+    cache.set("k", "current", timeout=60)  # 60 s left: within the 120 s window
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "fresh")
+    try:
+        others = Calls()
+        assert cache.get_or_set("k", others) == "current"
+        assert others.count == 0
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert results == ["fresh"]
+    assert cache.get("k") == "fresh"
+
+
+# -- stubs through the classic commands ----------------------------------------------------
+
+
+@pytest.mark.parametrize("sign_values", [True, False])
+def test_a_stub_is_a_miss_to_every_classic_read_and_write(
+    memcached: MemcachedServer, tier_options: dict[str, Any], sign_values: bool
+) -> None:
+    cache = make(memcached.location, tier_options, sign_values=sign_values)
+    make_stub(cache, "k")
+    assert cache.get("k", "default") == "default"
+    assert cache.get_many(["k"]) == {}
+    assert not cache.has_key("k")
+    with pytest.raises(ValueError, match="not found"):
+        cache.incr("k")
+    with pytest.raises(ValueError, match="not found"):
+        cache.decr("k")
+    assert cache.refused_values == 0  # a miss, not a refused value
+    assert cache.add("k", 5)
+    assert cache.incr("k") == 6
+
+
+@pytest.mark.parametrize("sign_values", [True, False])
+def test_async_a_stub_is_a_miss_to_every_classic_read_and_write(
+    memcached: MemcachedServer, tier_options: dict[str, Any], sign_values: bool
+) -> None:
+    cache = make(memcached.location, tier_options, sign_values=sign_values)
+    make_stub(cache, "k")
+
+    async def work() -> Any:
+        assert await cache.aget("k", "default") == "default"
+        assert await cache.aget_many(["k"]) == {}
+        assert not await cache.ahas_key("k")
+        with pytest.raises(ValueError, match="not found"):
+            await cache.aincr("k")
+        assert await cache.aadd("k", "added")
+        return await cache.aget("k")
+
+    assert arun(cache, work) == "added"
+    assert cache.refused_values == 0
+
+
+@pytest.mark.parametrize("sign_values", [True, False])
+def test_empty_bytes_stored_by_the_backend_are_a_hit(
+    memcached: MemcachedServer, tier_options: dict[str, Any], sign_values: bool
+) -> None:
+    cache = make(memcached.location, tier_options, sign_values=sign_values)
+    cache.set("empty", b"")
+    assert cache.get("empty") == b""
+    assert cache.has_key("empty")
+    assert cache.get_or_set("empty", Calls()) == b""
+    stored = raw_mg(cache, "empty")
+    assert (stored.value, stored.client_flags) != (b"", 0)
+
+
+def test_a_value_that_is_not_a_stub_still_fails_incr_as_before(
+    memcached: MemcachedServer, tier_options: dict[str, Any]
+) -> None:
+    cache = make(memcached.location, tier_options)
+    cache.set("k", "text")
+    with pytest.raises(TypeError):
+        cache.incr("k")
+    assert not cache.add("k", "other")
+
+
+# -- the protocol option ---------------------------------------------------------------
+
+
+# The fake keeps no flags: bytes values, unsealed, read back as they were stored.
+FAKE_OPTIONS = {**MEMCACHED_ONLY, "sign_values": False}
+
+
+def meta_requests(fake: FakeMemcached) -> list[bytes]:
+    return [r.line.split()[0] for r in fake.requests if r.line[:2] in (b"mn", b"mg", b"ms", b"md")]
+
+
+def test_auto_asks_once_and_falls_back_to_classic_on_a_server_without_meta() -> None:
+    with FakeMemcached() as fake:
+        cache = make(fake.location, FAKE_OPTIONS)
+        calls = Calls(b"v")
+        assert cache.get_or_set("k", calls) == b"v"
+        assert cache.get_or_set("k", calls) == b"v"
+        assert calls.count == 1
+        assert cache.get_or_set("other", b"w") == b"w"
+        assert meta_requests(fake) == [b"mn"]  # one probe, then classic commands only
+        assert cache.get("k") == b"v"
+
+
+def test_async_auto_on_a_server_without_meta() -> None:
+    with FakeMemcached() as fake:
+        cache = make(fake.location, FAKE_OPTIONS)
+        assert arun(cache, lambda: cache.aget_or_set("k", Calls(b"v"))) == b"v"
+        assert meta_requests(fake) == [b"mn"]
+
+
+def test_classic_never_sends_a_meta_command() -> None:
+    with FakeMemcached() as fake:
+        cache = make(fake.location, FAKE_OPTIONS, protocol="classic")
+        assert cache.get_or_set("k", b"v") == b"v"
+        assert cache.invalidate("k")  # a plain delete
+        assert cache.get("k") is None
+        assert meta_requests(fake) == []
+
+
+def test_meta_on_a_server_without_meta_names_the_fix() -> None:
+    with FakeMemcached() as fake:
+        cache = make(fake.location, FAKE_OPTIONS, protocol="meta")
+        with pytest.raises(MetaUnsupportedError, match="'auto' or 'classic'"):
+            cache.get_or_set("k", b"v")
+        assert meta_requests(fake) == [b"mg", b"mn"]  # no probe: meta was promised
+        assert cache.get("k") is None  # the connection that got ERROR was dropped
+
+
+def test_meta_and_auto_use_leases_on_real_memcached(memcached: MemcachedServer) -> None:
+    for protocol in ("meta", "auto"):
+        cache = make(memcached.location, MEMCACHED_ONLY, protocol=protocol)
+        key = f"k-{protocol}"
+        thread, release, _computing, results = run_blocked_winner(cache, key)
+        try:
+            assert raw_mg(cache, key).value == b""  # the lease's stub
+        finally:
+            release.set()
+            thread.join(WAIT)
+        assert results == ["winner's"]
+
+
+def test_stampede_protection_off_takes_no_lease(memcached: MemcachedServer) -> None:
+    cache = make(memcached.location, MEMCACHED_ONLY, stampede_protection=False)
+    thread, release, _computing, results = run_blocked_winner(cache, "k")
+    try:
+        assert raw_mg(cache, "k") is None
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert results == ["winner's"]
