@@ -7,8 +7,10 @@ Standard :mod:`logging` only: no handler of our own is installed, so the project
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Hashable
 
 logger = logging.getLogger("django_fastcache")
@@ -24,6 +26,7 @@ class RateLimit:
         self.interval = interval
         self._last: dict[Hashable, float] = {}
         self._lock = threading.Lock()
+        _rate_limits.add(self)
 
     def allow(self, subject: Hashable) -> bool:
         now = time.monotonic()
@@ -38,3 +41,16 @@ class RateLimit:
         """The condition ended: the next record of ``subject`` goes through at once."""
         with self._lock:
             self._last.pop(subject, None)
+
+
+_rate_limits: weakref.WeakSet[RateLimit] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held a lock at the fork: in the child nothing
+    # would ever release it, and the first warning would hang.
+    for limit in list(_rate_limits):
+        limit._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

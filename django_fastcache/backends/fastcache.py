@@ -79,6 +79,16 @@ _shared: dict[tuple[Any, ...], Shared] = {}
 _shared_lock = threading.Lock()
 
 
+def _reset_shared_lock_in_child() -> None:
+    # A thread of the parent building a stack at the fork held the lock: nothing in the
+    # child would ever release it.
+    global _shared_lock
+    _shared_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_shared_lock_in_child)
+
+
 def shared_stack(servers: list[str], options: FastCacheOptions) -> Shared:
     """The process-wide clients and store for these servers and options."""
     identity = (tuple(servers), options)

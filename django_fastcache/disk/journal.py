@@ -18,6 +18,8 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
+from ..client import forksafe
+from . import forkgate
 from .store import DiskError
 
 _SCHEMA = """
@@ -36,6 +38,16 @@ class Journal:
         self._lock = threading.RLock()
         self._connection: sqlite3.Connection | None = None
         self._pid = os.getpid()
+        forksafe.register(self)
+
+    def _forget_after_fork(self) -> object:
+        """In a forked child: another thread of the parent may have held the lock (a
+        journaled write, a replay) at the fork, and nothing in the child would ever release
+        it. The inherited SQLite connection is handed over, never used or closed here:
+        closing it could checkpoint the parent's database from under it."""
+        self._lock = threading.RLock()
+        inherited, self._connection = self._connection, None
+        return inherited
 
     def _connect(self) -> sqlite3.Connection:
         connection = self._connection
@@ -74,7 +86,7 @@ class Journal:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """The journal's host-wide write lock, held until the block ends (commit on success)."""
-        with self._lock:
+        with self._lock, forkgate.writing():
             connection = self._connect()
             try:
                 connection.execute("BEGIN IMMEDIATE")
@@ -110,7 +122,7 @@ class Journal:
 
     def length(self, node_id: str | None = None) -> int:
         """Keys waiting to be replayed (for one node, or for all)."""
-        with self._lock:
+        with self._lock, forkgate.writing():  # opening it may create it: a write
             try:
                 connection = self._connect()
                 if node_id is None:

@@ -1,0 +1,186 @@
+"""The disk tier against faults of its host: files removed or replaced under running
+processes, permissions changed by a deploy, fork() at a bad moment, a write still in the
+kernel's send queue when a partition ends.
+
+Real memcached processes of each test's own; other processes are real ones too (forked,
+or spawned fresh as a process started later would be). Conditions are waited for by
+bounded polling; every case fails without the fix it guards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from django_fastcache.backends import FastCache
+from django_fastcache.testing.servers import MemcachedServer
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.faults,
+    pytest.mark.skipif(not MemcachedServer.available(), reason="memcached is not installed"),
+]
+
+TIMEOUT = 0.2
+OPTIONS: dict[str, Any] = {"operation_timeout": TIMEOUT, "connect_timeout": TIMEOUT}
+#: Bounded waits for conditions (the probe's backoff tops out at 2 s).
+PATIENCE = 20.0
+
+
+def make_cache(locations: list[str], directory: str, **options: Any) -> FastCache:
+    return FastCache(locations, {"OPTIONS": {**OPTIONS, "disk_directory": directory, **options}})
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = PATIENCE) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return condition()
+        time.sleep(0.01)
+    return True
+
+
+def node_states(cache: FastCache) -> list[str]:
+    stats = cache.tier_stats()
+    assert stats is not None
+    return [node["state"] for node in stats["nodes"].values()]
+
+
+@pytest.fixture
+def server() -> Iterator[MemcachedServer]:
+    with MemcachedServer() as started:
+        yield started
+
+
+# -- fork() while another thread holds a lock -------------------------------------------------
+
+
+def _fork(work: Callable[[], None]) -> int:
+    """A child running ``work()`` and exiting 0, or 1 with the traceback on stderr; it
+    never returns into the parent's code (pytest's included)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            work()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _outcomes(pids: list[int], bound: float = PATIENCE) -> list[int | str]:
+    """Each child's exit code, or "hung" for one still running after ``bound`` seconds
+    (then killed)."""
+    codes: dict[int, int | str] = {}
+    deadline = time.monotonic() + bound
+    while len(codes) < len(pids) and time.monotonic() < deadline:
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    for pid in pids:
+        if pid not in codes:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            codes[pid] = "hung"
+    return [codes[pid] for pid in pids]
+
+
+def test_fork_while_another_thread_holds_the_journal_lock(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """A prefork server forks while a thread journals a write (the node is out): each
+    child's first cache call takes the journal's lock, which the parent's thread held at
+    the fork and nothing in the child would ever release."""
+    cache = make_cache([server.location], disk_directory)
+    server.kill()
+    cache.set("before", 0)  # the node is out from here: writes are journaled
+    assert node_states(cache) == ["out"]
+    journal = cache._shared().tiered.journal  # type: ignore[union-attr]
+    holding, forked = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with journal.transaction():
+            holding.set()
+            forked.wait(0.3)  # past the first fork, if that fork does not wait for it
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(PATIENCE)
+    pids = []
+    for i in range(3):
+
+        def child(i: int = i) -> None:
+            cache.set(f"child-{i}", i)
+            assert cache.get(f"child-{i}") == i
+
+        pids.append(_fork(child))
+        forked.set()
+    holder.join(PATIENCE)
+    assert _outcomes(pids) == [0, 0, 0]
+    for i in range(3):  # journaled and on disk, host-wide
+        assert cache.get(f"child-{i}") == i
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert next(iter(stats["nodes"].values()))["journal_length"] >= 4
+
+
+def test_forked_children_count_on_one_counter_while_the_parent_writes(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """Six children forked while two threads of the parent keep writing (journaled
+    writes during an outage, then the same with memcached up): every child's increment
+    counts, none fails or hangs."""
+    cache = make_cache([server.location], disk_directory)
+    for phase in ("outage", "up"):
+        if phase == "outage":
+            server.kill()
+            cache.set("warm", 0)
+            assert node_states(cache) == ["out"]
+        else:
+            server.restart()
+            assert wait_for(lambda: node_states(cache) == ["up"]), "the node never came back"
+        cache.set("counter", 0)
+        stop = threading.Event()
+        errors: list[str] = []
+
+        def busy(tag: str, stop: threading.Event = stop, errors: list[str] = errors) -> None:
+            n = 0
+            while not stop.is_set():
+                try:
+                    n += 1
+                    cache.set(f"busy-{tag}", n)
+                    cache.delete(f"gone-{tag}")
+                    cache.incr("counter", 0)
+                except Exception:
+                    errors.append(traceback.format_exc())
+                    return
+
+        threads = [threading.Thread(target=busy, args=(tag,)) for tag in "ab"]
+        for thread in threads:
+            thread.start()
+        try:
+            pids = []
+            for _ in range(6):
+                pids.append(_fork(lambda: cache.incr("counter") and None))
+                time.sleep(0.005)  # forks land at different points of the writers' loops
+            outcomes = _outcomes(pids)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(PATIENCE)
+        assert errors == [], errors[0]
+        assert outcomes == [0] * 6, phase
+        assert cache.get("counter") == 6, phase
