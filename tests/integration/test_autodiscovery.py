@@ -9,12 +9,16 @@ one happened; the background thread is tested on its own, by waiting for what it
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import socket
 import time
 from collections.abc import Iterator
 
 import pytest
+from django.core.cache import caches
+from django.core.management import call_command
+from django.test import override_settings
 
 from django_fastcache.backends.fastcache import FastCache
 from django_fastcache.bridge import run_blocking
@@ -343,3 +347,26 @@ def test_django_backend_with_autodiscovery(
         assert asyncio.run(read()) == 7
     finally:
         discovery.close()
+
+
+def test_status_command_shows_the_discovered_nodes(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer]
+) -> None:
+    settings = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "fast": {
+            "BACKEND": "django_fastcache.backends.FastCache",
+            "LOCATION": [endpoint.location],
+            "OPTIONS": {"autodiscovery": True, "disk_tier": False, "operation_timeout": 0.5},
+        },
+    }
+    out = io.StringIO()
+    with override_settings(CACHES=settings):
+        try:
+            call_command("fastcache", "status", "--alias", "fast", stdout=out)
+        finally:
+            caches["fast"].blocking_client.cluster.discovery.close()
+    text = out.getvalue()
+    assert "fast: 2 memcached node(s)" in text
+    assert f"{nodes[0].host}:{nodes[0].port}  ok" in text
+    assert f"{nodes[2].host}:{nodes[2].port}" not in text

@@ -10,6 +10,7 @@ process's counters follow. The exit status is 1 when a node cannot be reached.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from typing import Any
 
@@ -28,7 +29,9 @@ from django_fastcache.errors import ConfigurationError, FastCacheError
 
 def probe(address: Address, client_settings: ClientSettings) -> tuple[str | None, float, str]:
     """(version, round trip in seconds, error): one fresh connection to one node."""
-    client = BlockingClient(Cluster([address], client_settings))
+    # The node itself, even when the alias's addresses are autodiscovery endpoints.
+    node_settings = dataclasses.replace(client_settings, autodiscovery=False)
+    client = BlockingClient(Cluster([address], node_settings))
     began = time.perf_counter()
     try:
         versions = run_blocking(client.version())
@@ -94,11 +97,16 @@ class Command(BaseCommand):
     def _report(self, alias: str, cache: FastCache) -> int:
         write = self.stdout.write
         cluster = cache.blocking_client.cluster
-        write(f"{alias}: {len(cluster)} memcached node(s)")
+        try:
+            nodes = [cluster.addresses[slot] for slot in cluster.live_nodes()]
+        except FastCacheError as exc:  # autodiscovery could not fetch the node list
+            write(f"{alias}: no node list: {exc}", style_func=self.style.ERROR)
+            return 1
+        write(f"{alias}: {len(nodes)} memcached node(s)")
         tier = cache.tier_stats()
         tier_nodes: dict[str, Any] = {} if tier is None else tier["nodes"]
         unreachable = 0
-        for address in cluster.addresses:
+        for address in nodes:
             version, took, error = probe(address, cluster.settings)
             if error:
                 unreachable += 1
@@ -129,7 +137,10 @@ class Command(BaseCommand):
             raise CommandError("say which nodes change: --add HOST:PORT and/or --remove HOST:PORT")
         cluster = cache.blocking_client.cluster
         mode = options["placement"] or cluster.settings.placement
-        before = [cluster.addresses[slot] for slot in cluster.live_nodes()]
+        try:
+            before = [cluster.addresses[slot] for slot in cluster.live_nodes()]
+        except FastCacheError as exc:
+            raise CommandError(f"{alias}: no node list: {exc}") from exc
         try:
             added = [parse_address(text) for text in options["add"]]
             removed = {parse_address(text).node_id for text in options["remove"]}
