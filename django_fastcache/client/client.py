@@ -18,10 +18,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import CommandError, ConnectionLostError, FastCacheError
-from ..protocol import Item, ReplyKind, Status
+from ..errors import CommandError, ConnectionLostError, FastCacheError, InvalidArgumentError
+from ..protocol import Item, ReplyKind, Status, validate_key
 from . import forksafe
 from .address import Address
+from .batching import GetBatcher
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection
@@ -49,6 +50,7 @@ class Client(CommandSet):
         max_connections: int = 4,
         idle_timeout: float = 60.0,
         max_value_size: int = 1024 * 1024,
+        autobatching: bool = True,
         ssl: SSLOption = None,
         username: str | None = None,
         password: str | None = None,
@@ -86,6 +88,12 @@ class Client(CommandSet):
             security=security,
         )
         self._pools_by_loop: dict[asyncio.AbstractEventLoop, list[Pool]] = {}
+        if not isinstance(autobatching, bool):
+            raise InvalidArgumentError(f"autobatching must be a bool, got {autobatching!r}")
+        #: Whether concurrent single-key gets of one loop iteration share a request.
+        self.autobatching = autobatching
+        # Per event loop: for node n, the batcher of get at 2n and of gets at 2n + 1.
+        self._batchers_by_loop: dict[asyncio.AbstractEventLoop, list[GetBatcher]] = {}
         self._lock = threading.Lock()
         forksafe.register(self)
         if self.cluster.dynamic:  # autodiscovery: pools follow the node list
@@ -126,6 +134,8 @@ class Client(CommandSet):
                     pools.append(Pool(addresses[len(pools)], self._pool_settings, loop))
                 for slot in slots:  # a node that comes back: its old pool was closed
                     pools[slot] = Pool(addresses[slot], self._pool_settings, loop)
+            # The loops' batchers go with their pools: built afresh on next use.
+            self._batchers_by_loop.clear()
 
     def _nodes_removed(self, slots: tuple[int, ...]) -> None:
         """Close the pools of nodes that left, on their own loops."""
@@ -135,10 +145,60 @@ class Client(CommandSet):
                     for slot in slots:
                         loop.call_soon_threadsafe(pools[slot].close)
 
+    def _batcher(self, key: bytes, cas: int) -> GetBatcher:
+        """The batcher for ``key``'s node on the running loop (``cas``: 0 get, 1 gets)."""
+        node = self.cluster.node_index(key)
+        batchers = self._batchers_by_loop.get(asyncio.get_running_loop())
+        if batchers is None:
+            batchers = self._create_batchers()
+        return batchers[2 * node + cas]
+
+    def _create_batchers(self) -> list[GetBatcher]:
+        pools = self._pools()
+        batchers = [
+            GetBatcher(pool, self.timeout, cas=cas) for pool in pools for cas in (False, True)
+        ]
+        with self._lock:
+            for old_loop in [lp for lp in self._batchers_by_loop if lp.is_closed()]:
+                del self._batchers_by_loop[old_loop]
+            return self._batchers_by_loop.setdefault(pools[0].loop, batchers)
+
+    # -- autobatched retrieval ------------------------------------------------------------
+    async def get(self, key: bytes) -> Item | None:
+        """The item (``value``, ``flags``) stored under ``key``, or None.
+
+        With autobatching, the gets of one loop iteration for one node share a request."""
+        if not self.autobatching:
+            return await CommandSet.get(self, key)
+        validate_key(key)  # before hashing: a str key must not reach the hash
+        batcher = self._batcher(key, 0)
+        future = batcher.submit(key)
+        batch = batcher.current
+        try:
+            return await future
+        except asyncio.CancelledError:
+            batch.cancelled()  # type: ignore[union-attr]  # submit() set it
+            raise
+
+    async def gets(self, key: bytes) -> Item | None:
+        """Like :meth:`get`, with the item's CAS token in ``item.cas``."""
+        if not self.autobatching:
+            return await CommandSet.gets(self, key)
+        validate_key(key)
+        batcher = self._batcher(key, 1)
+        future = batcher.submit(key)
+        batch = batcher.current
+        try:
+            return await future
+        except asyncio.CancelledError:
+            batch.cancelled()  # type: ignore[union-attr]  # submit() set it
+            raise
+
     def _forget_after_fork(self) -> object:
         """In a forked child: drop (and hand back) the parent's pools without touching them."""
-        inherited = self._pools_by_loop
+        inherited = (self._pools_by_loop, self._batchers_by_loop)
         self._pools_by_loop = {}
+        self._batchers_by_loop = {}
         self._lock = threading.Lock()
         return inherited
 
@@ -291,6 +351,8 @@ class Client(CommandSet):
         loop = asyncio.get_running_loop()
         with self._lock:
             pools = self._pools_by_loop.pop(loop, [])
+            # Gets already submitted still flush, into the closed pools: they fail at once.
+            self._batchers_by_loop.pop(loop, None)
         for pool in pools:
             pool.close()
         if self.cluster.discovery is not None:

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from ..errors import (
     CommandError,
@@ -23,6 +23,17 @@ from ..errors import (
 )
 from ..protocol import ReplyKind, ReplyParser
 from .failures import REFUSAL_LINE, refusal_error, refused
+
+
+class Receiver(Protocol):
+    """What a pending reply is handed to: an ``asyncio.Future``, or any object with the same
+    three methods (autobatching's batches take their replies without a future)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 class Connection(asyncio.Protocol):
@@ -47,9 +58,7 @@ class Connection(asyncio.Protocol):
         self.address = address
         self._parser = ReplyParser(max_value_size=max_value_size)
         # Each pending reply: its future, its kind, and a retrieval's keys (else None).
-        self._pending: deque[tuple[asyncio.Future[Any], ReplyKind, Sequence[bytes] | None]] = (
-            deque()
-        )
+        self._pending: deque[tuple[Receiver, ReplyKind, Sequence[bytes] | None]] = deque()
         # The deadline of each pending reply, oldest first (kept beside _pending).
         self._deadlines: deque[float] = deque()
         # At most one timer per connection, armed for the oldest pending deadline and
@@ -155,6 +164,24 @@ class Connection(asyncio.Protocol):
             self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
         self._transport.write(data)
         return futures
+
+    def request_into(
+        self,
+        receivers: Sequence[Receiver],
+        data: bytes,
+        kinds: Sequence[ReplyKind],
+        deadline: float,
+        expected: Sequence[Sequence[bytes] | None],
+    ) -> None:
+        """Write several requests in one write; each reply goes to its receiver, in order.
+        ``expected``: per reply, the keys a retrieval asked for."""
+        if self._closed_error is not None or self._transport is None:
+            raise self._closed_error or ConnectionLostError("connection is closed")
+        self._pending.extend(zip(receivers, kinds, expected))
+        self._deadlines.extend([deadline] * len(kinds))
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+        self._transport.write(data)
 
     def _check_deadlines(self) -> None:
         self._watchdog = None

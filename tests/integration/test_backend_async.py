@@ -23,7 +23,7 @@ import pytest
 from django_fastcache import compiled
 from django_fastcache.backends import FastCache
 from django_fastcache.client import Client
-from django_fastcache.client.blocking import BlockingClient, BlockingConnection
+from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.connection import Connection
 from django_fastcache.protocol import ReplyKind
 from django_fastcache.testing.servers import MemcachedServer
@@ -380,7 +380,8 @@ def io_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, Any]]:
     """Record (thread, running loop) for each of the async client's I/O primitives, and
     fail any use of sync_to_async or of an executor."""
     calls: list[tuple[int, Any]] = []
-    for name in ("_request", "_pipelines", "_send_noreply"):
+    # _batcher: an autobatched get's way to its node's batch (on the running loop).
+    for name in ("_request", "_pipelines", "_send_noreply", "_batcher"):
         original = getattr(Client, name)
 
         def wrapped(self: Client, *args: Any, _original: Any = original) -> Any:
@@ -424,8 +425,8 @@ def test_async_methods_run_on_the_callers_thread_and_loop(
 def test_async_methods_do_not_use_the_blocking_client(
     memcached_only_cache: FastCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # memcached alone. The tiered store does use the blocking client, on purpose: see
-    # test_tiered_async_methods_stay_on_the_callers_thread.
+    # memcached alone (the tiered store is checked by
+    # test_tiered_async_methods_stay_on_the_callers_thread).
     cache = memcached_only_cache
 
     def forbidden(*args: Any, **kwargs: Any) -> Any:
@@ -449,11 +450,10 @@ def test_tiered_async_methods_stay_on_the_callers_thread(
     monkeypatch: pytest.MonkeyPatch,
     loop: str,
 ) -> None:
-    """With the disk tier, the round trips made under a disk shard lock (delete, incr/decr,
-    refills) go through the blocking client, because a SQLite transaction belongs to its
-    thread and must not stay open across an ``await``. Every one of them, like every use of
-    the async client, runs on the caller's thread: nothing hops (``io_calls`` fails any
-    sync_to_async or executor), and the async client only ever runs on the caller's loop."""
+    """With the disk tier, every round trip goes through the async client too (the disk
+    copy is written behind, by a thread of its own, so nothing holds a disk lock across a
+    round trip), on the caller's thread: nothing hops (``io_calls`` fails any sync_to_async
+    or executor), and the async client only ever runs on the caller's loop."""
     cache = tiered_cache
     caller = threading.get_ident()
     blocking_calls: list[int] = []
@@ -479,8 +479,8 @@ def test_tiered_async_methods_stay_on_the_callers_thread(
         await cache.aclose()
 
     arun(cache, work, loop)
-    assert io_calls  # the plain reads and writes do use the async client
-    assert blocking_calls  # and the locked round trips the blocking one
+    assert io_calls
+    assert blocking_calls == []  # the blocking client is the sync API's alone
 
 
 # -- one round trip per node ------------------------------------------------------------------
@@ -555,33 +555,27 @@ def test_aset_many_and_adelete_many_make_one_round_trip_per_node(
 
 @watches_blocking_client_methods
 def test_tiered_aset_many_is_one_round_trip_per_node_and_adelete_many_clears_both_tiers(
-    tiered_cluster_cache: FastCache,
-    memcached_cluster: MemcachedCluster,
-    monkeypatch: pytest.MonkeyPatch,
+    tiered_cluster_cache: FastCache, memcached_cluster: MemcachedCluster, pipelines: Counter[str]
 ) -> None:
     cache = tiered_cluster_cache
     data = {f"item-{n}": n for n in range(200)}
     nodes = len(memcached_cluster.servers)
     disk = cache._shared().tiered
     assert disk is not None
-    # With the disk tier, writes run on the blocking client under the disk shard locks:
-    # count the exchanges it makes with each node (each starts by taking its connection).
-    sends: Counter[int] = Counter()
-    original_connection = BlockingClient._connection
-
-    def connection(self: BlockingClient, node: int, deadline: float) -> BlockingConnection:
-        sends[node] += 1
-        return original_connection(self, node, deadline)
-
-    monkeypatch.setattr(BlockingClient, "_connection", connection)
 
     async def store() -> list[Any]:
         return await cache.aset_many(data)
 
+    # With the disk tier too, one pipelined write per node on the async client; the disk
+    # copies follow behind.
     assert arun(cache, store) == []
-    assert sorted(sends.values()) == [1] * nodes
+    assert sorted(pipelines.values()) == [1] * nodes
+    assert disk.flush()
     assert all(disk.disk.get(cache.wire_key(key)) is not None for key in data)
+    pipelines.clear()
     arun(cache, lambda: cache.adelete_many(data))
+    assert sorted(pipelines.values()) == [1] * nodes
+    assert disk.flush()
     assert all(disk.disk.get(cache.wire_key(key)) is None for key in data)
     assert cache.get_many(data) == {}
 

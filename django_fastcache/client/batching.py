@@ -1,0 +1,229 @@
+"""Autobatching: the single-key gets of one event-loop iteration go to their node as one request.
+
+Callers that ask for keys concurrently (many tasks, each awaiting ``client.get(key)``) all
+submit within the same turn of the loop. A :class:`GetBatcher` (one per node, event loop and
+verb) collects those keys, and a callback scheduled for the next turn sends them as
+``get k1 k2 …`` lines (up to ``MULTI_GET_CHUNK`` keys each, pipelined in one write) on one
+connection of the node's pool. Each caller awaits its own future, which the reply resolves.
+
+What each caller sees is what a lone ``get`` would give it:
+
+- a key asked for twice is sent once, and both callers get its item;
+- an error reply (``SERVER_ERROR`` …) raises in every caller whose key was in that line,
+  and the connection, still in step, goes back to the pool;
+- a dropped, broken or late connection fails every caller of the batch with the
+  connection's error (the connection's watchdog fires at the batch's deadline, which is the
+  earliest of its callers' deadlines, so nobody waits past their own timeout);
+- a cancelled caller just stops waiting: the reply is still read in full and handed to the
+  others, so the connection stays in step and is reused. Once every caller of a batch in
+  flight is cancelled, nobody needs its reply: the connection is discarded, as a lone
+  request's would be, and its pool slot freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import CommandError, ConnectionLostError, FastCacheError
+from ..protocol import Item, ReplyKind
+from .connection import Connection
+from .pool import Pool
+
+#: Keys per ``get`` line (the lines of a batch are pipelined in one write).
+BATCH_CHUNK = 100
+
+_RETRIEVAL = ReplyKind.RETRIEVAL
+_CRLF = b"\r\n"
+
+
+class GetBatcher:
+    """Collects one node's single-key gets (or gets with CAS) for one event loop."""
+
+    __slots__ = ("_loop", "_pool", "_tasks", "_timeout", "_verb", "current")
+
+    def __init__(self, pool: Pool, timeout: float, *, cas: bool = False) -> None:
+        self._pool = pool
+        self._loop = pool.loop
+        self._timeout = timeout
+        self._verb = b"gets " if cas else b"get "
+        #: The batch the keys submitted in this turn of the loop join (None: no flush is
+        #: scheduled yet).
+        self.current: Batch | None = None
+        # Batches waiting for a connection (held here so they are not garbage collected).
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, key: bytes) -> asyncio.Future[Item | None]:
+        """A future for ``key``'s item (or None), in :attr:`current`. ``key`` must have
+        been validated."""
+        batch = self.current
+        if batch is None:
+            loop = self._loop
+            # The first caller of the batch sets its deadline: later callers of the same
+            # turn have later deadlines of their own, so none waits past its timeout.
+            batch = self.current = Batch(self._pool, loop.time() + self._timeout)
+            loop.call_soon(self._flush)
+        future: asyncio.Future[Item | None] = self._loop.create_future()
+        batch.keys.append(key)
+        batch.futures.append(future)
+        return future
+
+    def _flush(self) -> None:
+        batch = self.current
+        assert batch is not None
+        self.current = None
+        if batch.abandoned():
+            return  # every caller was cancelled before anything was sent
+        connection = self._pool.try_acquire()
+        if connection is not None:
+            batch.send(connection, self._verb)
+            return
+        task = self._loop.create_task(self._acquire_and_send(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _acquire_and_send(self, batch: Batch) -> None:
+        pool = self._pool
+        try:
+            # The pool bounds the wait by the deadline and loses no slot to a cancellation.
+            connection = await pool.acquire(batch.deadline)
+        except asyncio.CancelledError:
+            for future in batch.futures:
+                future.cancel()
+            raise
+        except Exception as exc:
+            pool.failed(_RETRIEVAL, exc)
+            _fail(batch.futures, exc)
+            return
+        if batch.abandoned():
+            pool.release(connection)
+            return
+        batch.send(connection, self._verb)
+
+
+class Batch:
+    """One turn's gets for one node: the callers' keys and futures, and once sent, the
+    receiver of the reply to each of its ``get`` lines, which resolves the callers once the
+    last line is answered."""
+
+    __slots__ = (
+        "_cancelled",
+        "_chunks",
+        "_connection",
+        "_errors",
+        "_found",
+        "_pool",
+        "deadline",
+        "futures",
+        "keys",
+    )
+
+    def __init__(self, pool: Pool, deadline: float) -> None:
+        self._pool = pool
+        self.deadline = deadline
+        # The callers, in order: a key appears once per caller.
+        self.keys: list[bytes] = []
+        self.futures: list[asyncio.Future[Item | None]] = []
+        self._cancelled = 0
+        self._connection: Connection | None = None
+        self._chunks: list[Sequence[bytes] | None] = []  # the lines not answered yet
+        self._found: dict[bytes, Item] = {}
+        self._errors: dict[bytes, BaseException] | None = None
+
+    def abandoned(self) -> bool:
+        return all(future.done() for future in self.futures)
+
+    def cancelled(self) -> None:
+        """One caller was cancelled. When it was the last one waiting for a batch in
+        flight, the reply is not worth waiting for: drop the connection."""
+        self._cancelled += 1
+        connection = self._connection
+        if connection is not None and self._cancelled >= len(self.futures) and self.abandoned():
+            # Aborting fails the lines still pending, which releases the connection.
+            connection.abort(ConnectionLostError("request cancelled"))
+
+    def send(self, connection: Connection, verb: bytes) -> None:
+        keys = self.keys
+        unique = list(dict.fromkeys(keys)) if len(keys) > 1 else keys
+        if len(unique) <= BATCH_CHUNK:
+            chunks: list[Sequence[bytes] | None] = [unique]
+            data = verb + b" ".join(unique) + _CRLF
+        else:
+            chunks = [unique[i : i + BATCH_CHUNK] for i in range(0, len(unique), BATCH_CHUNK)]
+            data = b"".join([verb + b" ".join(chunk) + _CRLF for chunk in chunks if chunk])
+        self._chunks = list(chunks)
+        try:
+            connection.request_into(
+                [self] * len(chunks), data, [_RETRIEVAL] * len(chunks), self.deadline, chunks
+            )
+        except FastCacheError as exc:
+            self._pool.release(connection)  # closed already: the pool lets it go
+            _fail(self.futures, exc)
+            return
+        self._connection = connection
+
+    # -- the connection's receiver interface ---------------------------------------------
+    def done(self) -> bool:
+        return False  # the connection hands each line's reply over exactly once
+
+    def set_result(self, reply: Any, /) -> None:
+        if isinstance(reply, CommandError):
+            self._failed(reply)
+            return
+        found = self._found
+        for item in reply:
+            found[item.key] = item
+        self._answered()
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._failed(exception)
+
+    def _failed(self, error: BaseException) -> None:
+        chunk = self._chunks[0]
+        assert chunk is not None
+        if self._errors is None:
+            self._errors = {}
+        self._errors.update(dict.fromkeys(chunk, error))
+        self._answered()
+
+    def _answered(self) -> None:
+        chunks = self._chunks
+        if len(chunks) > 1:
+            del chunks[0]
+            return
+        # The last line is answered: the connection is free (or, if it broke, forgotten).
+        pool = self._pool
+        connection = self._connection
+        if connection is not None:  # None only if a write failed before it was set
+            pool.release(connection)
+            self._connection = None
+        if self._cancelled and self.abandoned():
+            return  # nobody waits: no outcome to count either (as for a cancelled request)
+        found, errors = self._found, self._errors
+        if errors is None:
+            pool.answered(_RETRIEVAL, self.deadline)
+            for key, future in zip(self.keys, self.futures):
+                if not future.done():  # else cancelled: nobody waits for this one any more
+                    future.set_result(found.get(key))
+            return
+        first = next(iter(errors.values()))
+        if isinstance(first, CommandError):
+            pool.answered(_RETRIEVAL, self.deadline)
+            pool.failed(_RETRIEVAL, first, replied=True)
+        else:
+            pool.failed(_RETRIEVAL, first)
+        for key, future in zip(self.keys, self.futures):
+            if future.done():
+                continue
+            error = errors.get(key)
+            if error is None:
+                future.set_result(found.get(key))
+            else:
+                future.set_exception(error)
+
+
+def _fail(futures: list[asyncio.Future[Item | None]], error: BaseException) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
