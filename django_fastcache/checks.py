@@ -16,7 +16,7 @@ from django.utils.module_loading import import_string
 
 from .backends.options import parse_options
 from .client.address import NoServerError, parse_address, parse_locations
-from .disk.location import default_directory, unsafe_reason
+from .disk.location import default_directory, unsafe_reason, unwritable_reason
 from .errors import ConfigurationError
 
 
@@ -80,6 +80,16 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
                         f"CACHES[{alias!r}]: {unsafe}.",
                         hint=f"{fix}." if fix else "Use a directory only this user can write.",
                         id="django_fastcache.E014",
+                    )
+                )
+            unwritable = unwritable_reason(directory)
+            if unwritable is not None:
+                what, _, fix = unwritable.partition(". Fix: ")
+                messages.append(
+                    Error(
+                        f"CACHES[{alias!r}]: {what}.",
+                        hint=f"{fix}.",
+                        id="django_fastcache.E051",
                     )
                 )
     return messages

@@ -118,11 +118,61 @@ def writable_by_others(directory: str) -> bool:
     return unsafe_reason(directory) is not None
 
 
+def unwritable_reason(directory: str) -> str | None:
+    """Why this process could not write to the disk tier at ``directory`` (a deploy made
+    it read-only, say); None when it can write every part that exists.
+
+    Such a process must not run with the tier: its writes would reach memcached only,
+    while processes started earlier (whose files were opened read-write) keep answering
+    memcached's misses with the values those writes replaced. Judged with the effective
+    ids and capabilities, as a write would be."""
+    root = os.path.realpath(directory)
+    existing = root
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)  # it will be created there
+    for path, names, files in os.walk(existing):
+        if not os.access(path, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE):
+            return _unwritable(directory, path)
+        for name in files:
+            file = os.path.join(path, name)
+            if not os.access(file, os.R_OK | os.W_OK, effective_ids=_EFFECTIVE):
+                return _unwritable(directory, file)
+        # The tier's own files sit within two levels (values/<shard>/cache.db); what
+        # lies deeper is large values in files of their own, possibly many.
+        depth = 0 if path == existing else os.path.relpath(path, existing).count(os.sep) + 1
+        names[:] = [n for n in names if depth < 2 and not os.path.islink(os.path.join(path, n))]
+        if existing != root:
+            break  # only the parent that exists: what is below it does not yet
+    return None
+
+
+_EFFECTIVE = os.access in os.supports_effective_ids
+
+
+def _unwritable(directory: str, path: str) -> str:
+    try:
+        mode = f"mode {stat.S_IMODE(os.stat(path).st_mode):04o}, owner uid {os.stat(path).st_uid}"
+    except OSError as exc:
+        mode = str(exc)
+    return (
+        f"the disk tier directory {directory} is not writable by this process (uid "
+        f"{os.geteuid()}): {path} ({mode}); its writes would reach memcached only, and "
+        "processes that opened the directory earlier would answer later misses with the "
+        f"values those writes replaced. Fix: chmod -R u+rwX {directory} as its owner (every "
+        "process sharing a disk tier must be able to write it), or stop the processes "
+        "using it and give the new ones another disk_directory"
+    )
+
+
 def prepare(directory: str) -> None:
-    """Create ``directory`` (0700, missing parents too) and refuse an unsafe one."""
+    """Create ``directory`` (0700, missing parents too) and refuse an unsafe one, or one
+    this process cannot write."""
     reason = unsafe_reason(directory)  # before creating anything under a hostile parent
     if reason is None:
-        make_private(directory)
-        reason = unsafe_reason(directory)
+        try:
+            make_private(directory)
+        except PermissionError:
+            pass  # judged below, with the part that cannot be written named
+        reason = unsafe_reason(directory) or unwritable_reason(directory)
     if reason is not None:
         raise PermissionError(reason)

@@ -184,3 +184,82 @@ def test_forked_children_count_on_one_counter_while_the_parent_writes(
         assert errors == [], errors[0]
         assert outcomes == [0] * 6, phase
         assert cache.get("counter") == 6, phase
+
+
+# -- the directory made read-only for processes started from then on --------------------------
+
+
+def _late_process(location: str, directory: str, keys: list[str], results: Any) -> None:
+    """A process started after the deploy's chmod, without the capability to override it."""
+    from tests.integration.test_faults_tiered import _drop_privileges
+
+    outcome: dict[str, Any] = {"skip": _drop_privileges(), "errors": [], "refused": None}
+    try:
+        if outcome["skip"] is None and os.access(directory, os.W_OK, effective_ids=True):
+            outcome["skip"] = "the directory is still writable by this process"
+        if outcome["skip"] is None:
+            from django.core import checks
+            from django.core.exceptions import ImproperlyConfigured
+
+            from tests.consistency.worker import configure_django
+
+            configure_django([location], {**OPTIONS, "disk_directory": directory})
+            from django.core.cache import cache
+
+            outcome["checks"] = [m.id for m in checks.run_checks() if m.id.startswith("django")]
+            try:
+                for key in keys:
+                    cache.set(key, f"new {key}")
+            except ImproperlyConfigured as exc:
+                outcome["refused"] = str(exc)
+    except BaseException:
+        outcome["errors"].append(traceback.format_exc())
+    results.put(outcome)
+
+
+def _set_tree_mode(root: str, directories: int, files: int) -> None:
+    for path, _names, filenames in os.walk(root):
+        os.chmod(path, directories)
+        for name in filenames:
+            os.chmod(os.path.join(path, name), files)
+
+
+def test_a_process_started_on_a_directory_made_read_only_refuses_clearly(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """A deploy made the tier's directory read-only; processes started before keep it
+    open read-write. A process started afterwards must not write to memcached alone: the
+    older process would answer the misses after a memcached restart with the values those
+    writes replaced (30 of 30 keys did). It refuses, naming the fix."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    older = make_cache([server.location], disk_directory)
+    keys = [f"key-{i}" for i in range(30)]
+    for key in keys:
+        older.set(key, f"old {key}")
+    assert wait_for(lambda: all(older._shared().tiered.disk.get(older.wire_key(k)) for k in keys))  # type: ignore[union-attr]
+    _set_tree_mode(disk_directory, 0o500, 0o400)
+    try:
+        results = spawn.Queue()
+        process = spawn.Process(
+            target=_late_process, args=(server.location, disk_directory, keys, results)
+        )
+        process.start()
+        outcome = results.get(timeout=60)
+        process.join(PATIENCE)
+    finally:
+        _set_tree_mode(disk_directory, 0o700, 0o600)
+    if outcome["skip"]:
+        pytest.skip(f"cannot make the directory read-only for a process: {outcome['skip']}")
+    assert outcome["errors"] == [], outcome["errors"][0]
+    server.restart()  # memcached empty: the older process answers from its disk tier
+    answers = [older.get(key) for key in keys]
+    overwritten = [key for key, value in zip(keys, answers) if value == f"old {key}"]
+    # Either the late process wrote nothing (it refused), or the older one must not
+    # answer with what it replaced.
+    if outcome["refused"] is None:
+        assert overwritten == [], f"{len(overwritten)} of {len(keys)} keys read their old value"
+    assert outcome["refused"] is not None
+    assert "chmod -R u+rwX" in outcome["refused"]
+    assert "django_fastcache.E051" in outcome["checks"]
