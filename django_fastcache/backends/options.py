@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..client.placement import PLACEMENTS
 from ..client.security import TLSOptions, check_credentials, normalize_tls
 from ..errors import ConfigurationError
-from ..client.placement import PLACEMENTS
 from ..serializers import SERIALIZERS
 
 

@@ -50,7 +50,7 @@ from .address import Address
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .failures import connect_error, refusal_error
-from .security import check_auth_reply, tls_error
+from .security import check_auth_reply, tls_error, tls_session_error
 from .thread_connections import ThreadConnections
 
 # Larger replies take several reads; most take one.
@@ -279,11 +279,7 @@ class TLSConnection(BlockingConnection):
     def _tls_failed(self, exc: ssl.SSLError) -> TLSError:
         # Under TLS 1.3 a server that refuses the client's certificate says so only after
         # the handshake, on the first exchange.
-        reason = getattr(exc, "reason", None) or exc
-        return TLSError(
-            f"the TLS session with {self.address} failed ({reason}): if memcached verifies "
-            "client certificates (ssl_verify_mode), set ssl cert_file and key_file"
-        )
+        return tls_session_error(self.address, exc)
 
     def _read(self, flags: int = 0) -> None:
         sock = self._tls

@@ -9,6 +9,7 @@ at once and marks the connection closed; the pool then drops it.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from ..errors import (
 )
 from ..protocol import ReplyKind, ReplyParser
 from .failures import REFUSAL_LINE, refusal_error, refused
+from .security import tls_session_error
 
 
 class Receiver(Protocol):
@@ -107,9 +109,12 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._closed_error is None:
-            self._closed_error = ConnectionLostError(
-                "the server closed the connection" if exc is None else f"connection lost: {exc}"
-            )
+            if isinstance(exc, ssl.SSLError):
+                self._closed_error = tls_session_error(self.address, exc)
+            else:
+                self._closed_error = ConnectionLostError(
+                    "the server closed the connection" if exc is None else f"connection lost: {exc}"
+                )
         self._fail_pending(self._closed_error)
         self._transport = None
 

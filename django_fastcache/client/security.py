@@ -31,6 +31,7 @@ __all__ = [
     "make_security",
     "normalize_tls",
     "tls_error",
+    "tls_session_error",
 ]
 
 # memcached splits the value on spaces and its auth file on the first ':'; CR, LF and
@@ -227,4 +228,14 @@ def tls_error(address: object, hostname: str | None, exc: ssl.SSLError) -> TLSEr
     return TLSError(
         f"TLS handshake with {address} failed ({reason}): is memcached listening with TLS "
         "(-Z) on that port, and does it accept this client's certificate?"
+    )
+
+
+def tls_session_error(address: object, exc: ssl.SSLError) -> TLSError:
+    """The error for a TLS session with ``address`` that broke after the handshake: under
+    TLS 1.3 that is how memcached refuses a client's certificate (or the lack of one)."""
+    reason = getattr(exc, "reason", None) or exc
+    return TLSError(
+        f"the TLS session with {address} failed ({reason}): if memcached verifies client "
+        "certificates (ssl_verify_mode), set ssl cert_file and key_file"
     )
