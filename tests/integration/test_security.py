@@ -547,3 +547,25 @@ def test_with_the_disk_tier_a_refused_node_is_marked_out_and_logged(
         assert cache.get("page") == "kept on disk"
     assert "refused the credentials" in caplog.text
     assert "not-the-password" not in caplog.text
+
+
+def test_a_handshake_nobody_answers_is_bounded_by_connect_timeout(
+    run_async: Callable[[Coroutine[Any, Any, Any]], Any],
+    two_tls_servers: list[MemcachedServer],
+    certificates: Certificates,
+) -> None:
+    # A stopped memcached still accepts TCP connections (the kernel does), but never
+    # answers the TLS handshake: silence is a timeout, within connect_timeout.
+    server = two_tls_servers[0]
+    options = {"ssl": trusted(certificates), "timeout": 5.0, "connect_timeout": 0.3}
+    server.pause()
+    try:
+        began = time.monotonic()
+        with pytest.raises(OperationTimeoutError):
+            blocking_round_trip(BlockingClient(Client([server.location], **options).cluster))
+        with pytest.raises(OperationTimeoutError):
+            run_async(round_trip(Client([server.location], **options)))
+        took = time.monotonic() - began
+    finally:
+        server.resume()
+    assert took < 4.0
