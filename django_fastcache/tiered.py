@@ -2,31 +2,38 @@
 
 The rules, which ``docs/disk-tier.md`` explains for users:
 
-* **Writes go to both tiers before they are acknowledged** (write-through), memcached first.
-  So on this host the disk tier always holds the latest acknowledged value of every key it
-  holds, and answering a memcached miss from it returns nothing older.
-* **Deletes, incr/decr and refills hold the key's disk shard lock** (a SQLite write lock every
-  process on the host shares) around their memcached round trip, so a refill can never put
-  back a value that a delete (or incr) removed or changed in the meantime. Refilling uses
-  ``add``: it never overwrites a newer value.
+* **While a key's node is up, the request path does no disk work and takes no lock.** A
+  write or delete first *stamps* its key (:class:`~.disk.WriteStamps`: a new random stamp
+  in the key's slot of a table every process on the host shares), then goes to memcached,
+  then queues its disk copy for the writer behind (:class:`~.disk.WriteBehind`), which
+  lands it in group commits. A disk entry answers only while its stamp is its slot's
+  current one, so an entry older than an acknowledged write or delete never answers, in
+  any process, however far the disk lags: lag shows as misses, never as old values.
+* **A memcached miss is answered from disk and refilled under a lease**: ``mg … N`` hands
+  this caller the key's stub, the stamp is checked again, and ``ms … C<cas>`` stores the
+  value only if nothing replaced or deleted the stub meanwhile. A write or delete stamps
+  before it reaches memcached, so whichever lands first, the refill cannot put back a value
+  older than it. A stub in memcached (a refill or a ``get_or_set`` under way) reads as a
+  miss.
+* **add, touch, delete and incr agree with get**: where memcached has nothing, what get
+  would answer from disk counts (add refuses, touch and delete find it, incr counts on it).
 * **A node that fails is marked out for the whole host** (:class:`~.disk.NodeStates`). Its
   keys go straight to the disk tier, with no network wait; writes and deletes made then are
-  journaled (:class:`~.disk.Journal`). A background probe (:mod:`.maintenance`) replays the
-  journal as deletes on the node before marking it up again, under the journal's lock, so no
-  process reads a pre-outage value from it.
-* **A disk tier that fails never fails a request**: the memcached result stands, the key's
-  disk entry stops answering, host-wide (:meth:`~.disk.NodeStates.distrust`: a stamp in
-  shared memory, which cannot fail when the disk does), and the failure is counted. A write
-  made while the key's node is out stays journaled even when its disk write fails.
-
-Synchronous pieces (the disk, and memcached round trips made under a disk lock) run on the
-blocking client even on the async path: a SQLite transaction belongs to its thread and must
-not stay open across an ``await``.
+  written to disk at once (stamped too) and journaled (:class:`~.disk.Journal`), under the
+  journal's lock. A background probe (:mod:`.maintenance`) replays the journal as deletes
+  on the node before marking it up again, so no process reads a pre-outage value from it.
+  Writes still queued behind when a node goes out are stamped already: their keys miss
+  until they land, and a journaled write overtakes them.
+* **A disk tier that fails never fails a request**: the memcached result stands, and the
+  entries involved stop answering (their stamps moved on before the disk was touched).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,6 +45,8 @@ from .client.cluster import Cluster
 from .client.commands import CommandSet
 from .client.failures import refusal_error
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
+from .disk.stamps import WriteStamps
+from .disk.writebehind import INTERVAL, WriteBehind
 from .errors import (
     CommandError,
     FastCacheError,
@@ -48,6 +57,7 @@ from .errors import (
 )
 from .expiry import memcached_exptime
 from .logs import RateLimit, logger
+from .protocol import MetaStatus, MetaUnsupportedError
 from .serializers import FLAG_INTEGER
 
 T = TypeVar("T")
@@ -60,10 +70,15 @@ _MAX_RETRIES = 3
 #: parse (its connection is discarded; whether a write took effect is unknown either way).
 #: A LocalResourceError (this process out of descriptors) is not one: see _memcached_failed.
 NODE_FAILURES = (NetworkError, ProtocolError)
+#: Tries of an incr that finds a refill's stub (the value is on its way back from disk).
+_STUB_TRIES = 20
+_STUB_PAUSE = 0.001
 
 
-class _WentOut(Exception):
-    """The key's node was marked out while the operation waited for the disk lock."""
+def _is_stub(data: bytes, flags: int) -> bool:
+    """A lease's stub: memcached's empty vivified item (flags 0), which FastCache never
+    writes as a value."""
+    return not data and not flags
 
 
 @dataclass
@@ -74,7 +89,7 @@ class TierMetrics:
     fallbacks: int = 0
     #: memcached misses answered by the disk tier.
     disk_hits: int = 0
-    #: Values put back into memcached from the disk tier (``add``).
+    #: Values put back into memcached from the disk tier (under a lease).
     refills: int = 0
     #: Operations on the disk tier that failed (and were let go).
     disk_failures: int = 0
@@ -105,6 +120,8 @@ class TieredStore:
         max_staleness: float,
         on_node_out: Callable[[str], None] | None = None,
         directory: str | None = None,
+        stamps: WriteStamps | None = None,
+        write_interval: float = INTERVAL,
     ) -> None:
         self.cluster = cluster
         self.blocking = blocking
@@ -115,10 +132,21 @@ class TieredStore:
         #: The disk tier's directory as configured (``disk_directory``), which holds the
         #: values, the journal and the node states; what the signals and stats report.
         self.directory = disk.directory if directory is None else directory
-        # A shard lock is held across one memcached round trip at a time (deletes, incr,
-        # refills); a write waiting for it gives up only well after that round trip would
-        # have timed out (failing would leave the key's disk entry out of date).
+        #: The host-wide write stamps, beside the node states.
+        self.stamps = (
+            stamps
+            if stamps is not None
+            else WriteStamps(os.path.join(self.directory, "stamps.state"))
+        )
+        # A shard lock is held by the writer behind for one group commit, and by an outage
+        # write for one entry; a write waiting for it gives up only well after that.
         disk.lock_wait = 2 * cluster.settings.timeout
+        #: The writer behind memcached: disk copies of writes made while nodes are up.
+        self.behind = WriteBehind(
+            disk, self.stamps, interval=write_interval, on_failure=self._behind_failed
+        )
+        #: Seconds a refill's lease (memcached's stub) lives if its holder dies.
+        self.lease_seconds = max(1, math.ceil(2 * cluster.settings.timeout))
         #: Seconds between a node answering a probe again and its journal's replay.
         self.replay_settle = 2 * cluster.settings.timeout
         self.metrics = TierMetrics()
@@ -161,7 +189,7 @@ class TieredStore:
             if read:
                 return
             raise exc
-        if isinstance(exc, NODE_FAILURES):
+        if isinstance(exc, NODE_FAILURES) and not isinstance(exc, MetaUnsupportedError):
             self.node_failed(node, exc)
             return
         if isinstance(exc, CommandError):
@@ -177,24 +205,92 @@ class TieredStore:
         if key is not None:
             # The entry may now be older than memcached's value: it must not answer a miss,
             # in any process. (Deleting it would need the disk that just failed.)
-            self.states.distrust(key, time.time())
+            self.stamps.bump(key)
 
-    def _fresh(self, key: bytes, entry: DiskEntry | None, now: float) -> DiskEntry | None:
+    def _behind_failed(self, error: DiskError) -> None:
+        # The writes were stamped before they were queued: their keys miss, nothing older
+        # answers. Only counted and logged here.
+        self.metrics.disk_failures += 1
+        self._log_disk_failure(error)
+
+    def _log_disk_failure(self, error: BaseException | None) -> None:
+        if self._warnings.allow("disk"):
+            logger.warning(
+                "the disk tier at %s failed: %s; memcached's answers stand, the entries "
+                "involved no longer answer (further failures are counted in tier_stats(), "
+                "logged at most once a minute)",
+                self.directory,
+                _describe(error),
+            )
+
+    def _distrust(self, keys: list[bytes], error: BaseException | None = None) -> None:
+        self.metrics.disk_failures += 1
+        self._log_disk_failure(error)
+        for key in keys:
+            self.stamps.bump(key)
+
+    # -- disk entries --------------------------------------------------------------------
+    def _fresh(
+        self, key: bytes, entry: DiskEntry | None, now: float, stamp: int | None = None
+    ) -> DiskEntry | None:
+        """``entry`` if it may answer now: written under ``stamp`` (by default, its slot's
+        current one), within ``max_staleness``, not expired, not distrusted."""
+        if entry is None:
+            return None
+        if stamp is None:
+            stamp = self.stamps.current(key)
         if (
-            entry is None
+            entry.stamp != stamp
+            or not stamp
             or now - entry.written_at > self.max_staleness
+            or (entry.expire_at is not None and entry.expire_at <= now)
             or not self.states.trusts(key, entry.written_at)
         ):
             return None
         return entry
 
-    def _disk_read(self, key: bytes) -> tuple[bytes, int] | None:
+    def _on_disk(self, key: bytes, stamp: int | None = None) -> DiskEntry | None:
+        """The key's disk entry if it answers (under ``stamp``, by default the current
+        one); a disk that fails answers nothing."""
+        if stamp is None:
+            stamp = self.stamps.current(key)
+        if not stamp:
+            return None  # the slot was never written: no entry answers, no need to look
         try:
-            entry = self._fresh(key, self.disk.get(key), time.time())
+            return self._fresh(key, self.disk.get(key), time.time(), stamp)
         except DiskError as exc:
             self._disk_failed(None, exc)
             return None
+
+    def _disk_read(self, key: bytes) -> tuple[bytes, int] | None:
+        entry = self._on_disk(key)
         return None if entry is None else (entry.data, entry.flags)
+
+    def _queue(
+        self, key: bytes, stamp: int, data: bytes | None, flags: int, ttl: float | None, now: float
+    ) -> None:
+        """The disk copy of a write acknowledged by memcached, for the writer behind."""
+        if ttl is not None and ttl <= 0:
+            data = None  # expired at once: the disk copy is a delete
+        self.behind.put(key, stamp, data, flags, None if ttl is None else now + ttl, now)
+
+    def _write_now(
+        self,
+        key: bytes,
+        data: bytes | None,
+        flags: int,
+        expire_at: float | None,
+        written_at: float | None = None,
+    ) -> None:
+        """Write ``key``'s disk entry at once (a node is out): stamped first, so that the
+        entry it replaces stops answering even if the write fails, and landed only while
+        that stamp is current (a newer write of the slot wins)."""
+        stamp = self.stamps.bump(key)
+        now = time.time()
+        self.disk.land(
+            [(key, stamp, data, flags, expire_at, now if written_at is None else written_at)],
+            self.stamps.current,
+        )
 
     def _journaled(
         self, node: int, keys: list[bytes], disk_write: Callable[[], T]
@@ -226,24 +322,22 @@ class TieredStore:
             raise failure
         return True, result
 
-    def _log_disk_failure(self, error: BaseException | None) -> None:
-        if self._warnings.allow("disk"):
-            logger.warning(
-                "the disk tier at %s failed: %s; memcached's answers stand, the entries "
-                "involved no longer answer (further failures are counted in tier_stats(), "
-                "logged at most once a minute)",
-                self.directory,
-                _describe(error),
-            )
-
-    def _distrust(self, keys: list[bytes], error: BaseException | None = None) -> None:
-        self.metrics.disk_failures += 1
-        self._log_disk_failure(error)
-        now = time.time()
-        for key in keys:
-            self.states.distrust(key, now)
-
     # -- reads ---------------------------------------------------------------------------
+    def get_now(self, key: bytes) -> tuple[bytes, int] | None:
+        """:meth:`get` on the blocking client, as a plain call (the sync API's flat path)."""
+        node = self.cluster.node_index(key)
+        if not self.states.is_out(node):
+            try:
+                item = self.blocking.get_now(key)
+            except FastCacheError as exc:
+                self._memcached_failed(node, exc, read=True)
+            else:
+                if item is not None and (item.value or item.flags):
+                    return item.value, item.flags
+                return run_blocking(self._answer_miss(self.blocking, key, node))
+        self.metrics.fallbacks += 1
+        return self._disk_read(key)
+
     async def get(self, client: CommandSet, key: bytes) -> tuple[bytes, int] | None:
         node = self.cluster.node_index(key)
         if not self.states.is_out(node):
@@ -252,40 +346,55 @@ class TieredStore:
             except FastCacheError as exc:
                 self._memcached_failed(node, exc, read=True)
             else:
-                if item is not None:
+                if item is not None and not _is_stub(item.value, item.flags):
                     return item.value, item.flags
-                return self._answer_miss(key, node)
+                return await self._answer_miss(client, key, node)
         self.metrics.fallbacks += 1
         return self._disk_read(key)
 
-    def _answer_miss(self, key: bytes, node: int) -> tuple[bytes, int] | None:
-        """memcached had nothing: the disk tier's entry, put back into memcached."""
-        try:
-            if self._fresh(key, self.disk.get(key), time.time()) is None:
-                return None  # the common miss: no lock taken
-            with self.disk.locked(key):
-                now = time.time()
-                entry = self._fresh(key, self.disk.get(key), now)
-                if entry is None:
-                    return None
-                remaining = entry.remaining_seconds(now)
-                if remaining is not None and remaining <= 0:
-                    return None
-                if not self.states.is_out(node):
-                    exptime = memcached_exptime(remaining, now)
-                    try:
-                        added = run_blocking(
-                            self.blocking.add(key, entry.data, flags=entry.flags, exptime=exptime)
-                        )
-                    except FastCacheError as exc:
-                        self._memcached_failed(node, exc, read=True)
-                    else:
-                        self.metrics.refills += added
-        except DiskError as exc:
-            self._disk_failed(None, exc)
-            return None
+    async def _answer_miss(
+        self, client: CommandSet, key: bytes, node: int
+    ) -> tuple[bytes, int] | None:
+        """memcached had nothing (or a stub): the disk tier's entry, put back under a lease."""
+        entry = self._on_disk(key)
+        if entry is None:
+            return None  # the common miss: one read, no lock
         self.metrics.disk_hits += 1
+        if not self.states.is_out(node):
+            try:
+                await self._refill(client, key, entry)
+            except FastCacheError as exc:
+                with contextlib.suppress(FastCacheError):
+                    self._memcached_failed(node, exc, read=True)
         return entry.data, entry.flags
+
+    async def _refill(self, client: CommandSet, key: bytes, entry: DiskEntry) -> bool:
+        """Put ``entry`` back into memcached, unless a write or delete of the key lands
+        meanwhile: True when stored.
+
+        ``mg <key> c N`` creates a stub and hands this caller its CAS (or finds the key held:
+        a value written since, or another caller's stub, and leaves it). The stamp is then
+        checked again: a write or delete stamps before it reaches memcached, so one that
+        landed before the stub was made shows here, and the stub is given back. One that
+        lands later replaces or deletes the stub, and the CAS store fails."""
+        lease = await client.meta_get(
+            key, value=False, cas=True, client_flags=False, vivify=self.lease_seconds
+        )
+        if lease is None or not lease.win:
+            return False
+        if self.stamps.current(key) != entry.stamp:
+            with contextlib.suppress(FastCacheError):
+                await client.meta_delete(key, cas=lease.cas)
+            return False
+        now = time.time()
+        exptime = memcached_exptime(entry.remaining_seconds(now), now)
+        stored = await client.meta_set(
+            key, entry.data, flags=entry.flags, exptime=exptime, cas=lease.cas
+        )
+        if stored.status is MetaStatus.HD:
+            self.metrics.refills += 1
+            return True
+        return False
 
     async def get_many(
         self, client: CommandSet, keys: list[bytes]
@@ -311,10 +420,10 @@ class TieredStore:
                 return found
             for key in up:
                 item = items.get(key)
-                if item is not None:
+                if item is not None and not _is_stub(item.value, item.flags):
                     found[key] = (item.value, item.flags)
                 else:
-                    value = self._answer_miss(key, self.cluster.node_index(key))
+                    value = await self._answer_miss(client, key, self.cluster.node_index(key))
                     if value is not None:
                         found[key] = value
         for key in out:
@@ -325,97 +434,82 @@ class TieredStore:
         return found
 
     # -- writes --------------------------------------------------------------------------
-    def _on_either_tier(
-        self, key: bytes, both: Callable[[int], R], disk_only: Callable[[], R], failed: R
-    ) -> R:
-        """``both(node)`` while ``key``'s node is up; ``disk_only()``, journaled, while it
-        is out. A node failing on the way is marked out and the operation journaled; one
-        that came back meanwhile is tried again. ``failed`` when neither tier took it."""
+    # Each write stamps its key, then goes to memcached, then queues its disk copy. While
+    # the node is out, the disk is written at once (stamped) and the key journaled.
+    def _out(self, node: int, key: bytes, disk_write: Callable[[], R], failed: R) -> tuple[bool, R]:
+        """``disk_write()``, journaled, while ``node`` is out: ``(True, result)``;
+        ``(False, failed)`` when the node came back meanwhile (go to memcached again);
+        ``(True, failed)`` when the disk failed."""
+        try:
+            done, result = self._journaled(node, [key], disk_write)
+        except DiskError:
+            return True, failed
+        return (True, cast(R, result)) if done else (False, failed)
+
+    def _base(self, key: bytes, bumped: list[int]) -> int | None:
+        """The stamp under which ``key``'s disk entry holds its latest acknowledged value,
+        after an attempt on memcached that stamped ``bumped`` = [before, after] and failed:
+        the one before, unless another write stamped the slot since (None: the current)."""
+        if bumped and self.stamps.current(key) == bumped[1]:
+            return bumped[0]
+        return None
+
+    def set_now(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
+        """:meth:`set` on the blocking client, as a plain call (the sync API's flat path)."""
         node = self.cluster.node_index(key)
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
+                stamp = self.stamps.bump(key)
+                now = time.time()
                 try:
-                    return both(node)
-                except _WentOut:
-                    pass  # marked out while it waited for the disk lock: journal it
+                    stored = self.blocking.store_now(
+                        b"set", key, data, flags, memcached_exptime(ttl, now)
+                    )
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
-            try:
-                done, result = self._journaled(node, [key], disk_only)
-            except DiskError:
-                return failed
+                else:
+                    if stored:
+                        self._queue(key, stamp, data, flags, ttl, now)
+                    return stored
+            done, result = self._out(
+                node, key, lambda: self._set_on_disk(key, data, flags, ttl), False
+            )
             if done:
-                return cast(R, result)
-        return failed
+                return result
+        return False
 
     async def set(
         self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
     ) -> bool:
-        def on_disk() -> bool:
-            self.disk.set(key, data, flags, ttl)
-            return True
-
-        return self._on_either_tier(
-            key, lambda node: self._set_both(node, key, data, flags, ttl), on_disk, False
-        )
-
-    def _set_both(self, node: int, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
-        """memcached and the disk under the key's shard lock, the disk write overlapping
-        memcached's round trip.
-
-        The lock keeps a delete, incr or refill from running between the two writes (which
-        could leave memcached holding a value the disk tier does not, lost in the next
-        outage). If memcached fails or refuses, the disk write is rolled back with the lock.
-        """
-        exptime = memcached_exptime(ttl, time.time())
-        try:
-            with self.disk.locked(key):
-                if self.states.is_out(node):
-                    raise _WentOut  # while this waited for the lock: journal it
-                return run_blocking(
-                    self.blocking.set(
-                        key,
-                        data,
-                        flags=flags,
-                        exptime=exptime,
-                        meanwhile=lambda: self._write_disk(key, data, flags, ttl),
+        node = self.cluster.node_index(key)
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                stamp = self.stamps.bump(key)
+                now = time.time()
+                try:
+                    stored = await client.set(
+                        key, data, flags=flags, exptime=memcached_exptime(ttl, now)
                     )
-                )
-        except DiskError as exc:
-            # No lock, or no commit: the disk entry must not answer; memcached still gets it.
-            self._disk_failed(key, exc)
-            return run_blocking(self.blocking.set(key, data, flags=flags, exptime=exptime))
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)
+                else:
+                    if stored:
+                        self._queue(key, stamp, data, flags, ttl, now)
+                    return stored
+            done, result = self._out(
+                node, key, lambda: self._set_on_disk(key, data, flags, ttl), False
+            )
+            if done:
+                return result
+        return False
 
-    def _write_disk(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> None:
-        try:
-            self.disk.set(key, data, flags, ttl)
-        except DiskError as exc:
-            self._disk_failed(key, exc)
-
-    async def add(
-        self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
-    ) -> bool:
-        return self._on_either_tier(
-            key,
-            lambda node: self._add_both(node, key, data, flags, ttl),
-            lambda: self.disk.add(key, data, flags, ttl),
-            False,
-        )
-
-    def _add_both(self, node: int, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
-        """``add`` on memcached and, when it stored, the disk, under the key's shard lock."""
-        exptime = memcached_exptime(ttl, time.time())
-        try:
-            with self.disk.locked(key):
-                if self.states.is_out(node):
-                    raise _WentOut
-                added = run_blocking(self.blocking.add(key, data, flags=flags, exptime=exptime))
-                if added:
-                    self._write_disk(key, data, flags, ttl)
-                return added
-        except DiskError as exc:
-            self._disk_failed(key, exc)
-            return run_blocking(self.blocking.add(key, data, flags=flags, exptime=exptime))
+    def _set_on_disk(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
+        now = time.time()
+        if ttl is not None and ttl <= 0:
+            self._write_now(key, None, flags, None)
+        else:
+            self._write_now(key, data, flags, None if ttl is None else now + ttl)
+        return True
 
     async def set_many(
         self,
@@ -424,17 +518,21 @@ class TieredStore:
         ttl: float | None,
     ) -> list[bytes]:
         up = [t for t in triples if not self.states.is_out(self.cluster.node_index(t[0]))]
-        failed: frozenset[bytes] = frozenset()
+        settle: set[bytes] = {key for key, _data, _flags in triples} - {k for k, _d, _f in up}
         if up:
-            try:
-                failed = self._set_many_both(up, ttl)
-            except (_WentOut, DiskError):
-                failed = frozenset(key for key, _data, _flags in up)  # settled one by one below
-        refused: list[bytes] = []
+            stamps = [self.stamps.bump(key) for key, _data, _flags in up]
+            now = time.time()
+            # A node that fails shows as its keys not stored: they are settled one by one
+            # below (which marks the node out and journals them).
+            refused = set(await client.set_many(up, exptime=memcached_exptime(ttl, now)))
+            for (key, data, flags), stamp in zip(up, stamps):
+                if key in refused:
+                    settle.add(key)
+                else:
+                    self._queue(key, stamp, data, flags, ttl, now)
+        failed: list[bytes] = []
         for key, data, flags in triples:
-            # Refused, or its node is (or just went) out: settle it on its own.
-            settle = key in failed or self.states.is_out(self.cluster.node_index(key))
-            if not settle:
+            if key not in settle:
                 continue
             try:
                 stored = await self.set(client, key, data, flags, ttl)
@@ -443,121 +541,261 @@ class TieredStore:
                 # set_many reports a failure (the caller removes the key from both tiers).
                 stored = False
             if not stored:
-                refused.append(key)
-        return refused
-
-    def _set_many_both(
-        self, triples: list[tuple[bytes, bytes, int]], ttl: float | None
-    ) -> frozenset[bytes]:
-        """Pipelined sets under the lock of every shard involved (taken in shard order, so
-        that two writers never wait on each other), then the disk writes."""
-        by_shard: dict[int, bytes] = {}
-        for key, _data, _flags in triples:
-            by_shard.setdefault(self.disk.shard_of(key), key)
-        with contextlib.ExitStack() as locks:
-            for shard in sorted(by_shard):
-                locks.enter_context(self.disk.locked(by_shard[shard]))
-            if any(self.states.is_out(self.cluster.node_index(k)) for k, _d, _f in triples):
-                raise _WentOut
-            exptime = memcached_exptime(ttl, time.time())
-            failed = frozenset(run_blocking(self.blocking.set_many(triples, exptime=exptime)))
-            for key, data, flags in triples:
-                if key not in failed:
-                    self._write_disk(key, data, flags, ttl)
+                failed.append(key)
         return failed
 
-    async def touch(self, client: CommandSet, key: bytes, ttl: float | None) -> bool:
+    async def add(
+        self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
+    ) -> bool:
         node = self.cluster.node_index(key)
+        bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 try:
-                    touched = await client.touch(key, memcached_exptime(ttl, time.time()))
+                    return await self._add_up(client, key, data, flags, ttl, bumped)
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)
+            done, result = self._out(
+                node, key, lambda: self._add_on_disk(key, data, flags, ttl, bumped), False
+            )
+            if done:
+                return result
+        return False
+
+    async def _add_up(
+        self,
+        client: CommandSet,
+        key: bytes,
+        data: bytes,
+        flags: int,
+        ttl: float | None,
+        bumped: list[int],
+    ) -> bool:
+        """``add`` where memcached may have lost a value the disk tier still holds (a
+        restart, or a replay's deletes): that value counts, as get would have answered it."""
+        prev = self.stamps.current(key)
+        stamp = self.stamps.bump(key)
+        bumped[:] = [prev, stamp]
+        now = time.time()
+        if not await client.add(key, data, flags=flags, exptime=memcached_exptime(ttl, now)):
+            # memcached holds the key: its disk copy, stamped anew, from memcached's value.
+            await self._copy_back(client, key, stamp)
+            return False
+        entry = self._on_disk(key, prev)
+        if entry is None:
+            self._queue(key, stamp, data, flags, ttl, now)
+            return True
+        # The key existed after all: its value goes back over this add (unless a write
+        # replaced it meanwhile), and its disk copy is kept under the new stamp.
+        self.behind.put(key, stamp, entry.data, entry.flags, entry.expire_at, entry.written_at)
+        with contextlib.suppress(FastCacheError):
+            held = await client.meta_get(key, value=True, cas=True, client_flags=True)
+            if held is not None and held.value == data and held.client_flags == flags:
+                now = time.time()
+                exptime = memcached_exptime(entry.remaining_seconds(now), now)
+                await client.meta_set(
+                    key, entry.data, flags=entry.flags, exptime=exptime, cas=held.cas
+                )
+        return False
+
+    async def _copy_back(self, client: CommandSet, key: bytes, stamp: int) -> None:
+        """Queue memcached's value of ``key`` as its disk copy under ``stamp`` (an operation
+        that stamped the key left its value unchanged)."""
+        with contextlib.suppress(FastCacheError):
+            held = await client.meta_get(key, value=True, client_flags=True, ttl=True)
+            if held is None or _is_stub(held.value or b"", held.client_flags or 0):
+                return
+            assert held.value is not None
+            ttl = None if held.ttl is None or held.ttl < 0 else float(held.ttl)
+            self._queue(key, stamp, held.value, held.client_flags or 0, ttl, time.time())
+
+    def _add_on_disk(
+        self, key: bytes, data: bytes, flags: int, ttl: float | None, bumped: list[int]
+    ) -> bool:
+        if self._on_disk(key, self._base(key, bumped)) is not None:
+            return False
+        self._set_on_disk(key, data, flags, ttl)
+        return True
+
+    async def touch(self, client: CommandSet, key: bytes, ttl: float | None) -> bool:
+        node = self.cluster.node_index(key)
+        bumped: list[int] = []
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                try:
+                    return await self._touch_up(client, key, ttl, bumped)
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)
+            done, result = self._out(
+                node, key, lambda: self._touch_on_disk(key, ttl, bumped), False
+            )
+            if done:
+                return result
+        return False
+
+    async def _touch_up(
+        self, client: CommandSet, key: bytes, ttl: float | None, bumped: list[int]
+    ) -> bool:
+        prev = self.stamps.current(key)
+        stamp = self.stamps.bump(key)
+        bumped[:] = [prev, stamp]
+        now = time.time()
+        exptime = memcached_exptime(ttl, now)
+        if ttl is not None and ttl <= 0:
+            touched = await client.touch(key, exptime)
+            self.behind.put(key, stamp, None, 0, None, now)
+            return touched or self._on_disk(key, prev) is not None
+        try:
+            # Touched and read in one step, for the disk copy's new expiry.
+            held = await client.meta_get(key, value=True, client_flags=True, touch=exptime)
+        except MetaUnsupportedError:
+            touched = await client.touch(key, exptime)
+            self.behind.put(key, stamp, None, 0, None, now)  # no copy: the key misses on disk
+            return touched
+        if held is not None and not _is_stub(held.value or b"", held.client_flags or 0):
+            assert held.value is not None
+            self._queue(key, stamp, held.value, held.client_flags or 0, ttl, now)
+            return True
+        entry = self._on_disk(key, prev)
+        if entry is None:
+            return False
+        # memcached lost it, the disk has it: back into memcached with the new expiry.
+        expire_at = None if ttl is None else now + ttl
+        touched_entry = DiskEntry(entry.data, entry.flags, entry.written_at, expire_at, stamp)
+        self.behind.put(key, stamp, entry.data, entry.flags, expire_at, entry.written_at)
+        with contextlib.suppress(FastCacheError):
+            await self._refill(client, key, touched_entry)
+        return True
+
+    def _touch_on_disk(self, key: bytes, ttl: float | None, bumped: list[int]) -> bool:
+        entry = self._on_disk(key, self._base(key, bumped))
+        if entry is None:
+            return False
+        if ttl is not None and ttl <= 0:
+            self._write_now(key, None, 0, None)
+        else:
+            expire_at = None if ttl is None else time.time() + ttl
+            self._write_now(key, entry.data, entry.flags, expire_at, entry.written_at)
+        return True
+
+    def delete_now(self, key: bytes) -> bool:
+        """:meth:`delete` on the blocking client, as a plain call (the sync API's flat path)."""
+        node = self.cluster.node_index(key)
+        bumped: list[int] = []
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                prev = self.stamps.current(key)
+                stamp = self.stamps.bump(key)
+                bumped[:] = [prev, stamp]
+                try:
+                    deleted = self.blocking.delete_now(key)
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 else:
-                    try:
-                        self.disk.touch(key, ttl)
-                    except DiskError as exc:
-                        self._disk_failed(key, exc)
-                    return touched
-            try:
-                done, touched_on_disk = self._journaled(
-                    node, [key], lambda: self.disk.touch(key, ttl)
-                )
-            except DiskError:
-                return False
+                    self.behind.put(key, stamp, None, 0, None, time.time())
+                    # Not in memcached: it existed if get would have found it on disk.
+                    return deleted or self._on_disk(key, prev) is not None
+            done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
             if done:
-                return bool(touched_on_disk)
+                return result
         return False
 
     async def delete(self, client: CommandSet, key: bytes) -> bool:
-        return self._delete(key)
+        node = self.cluster.node_index(key)
+        bumped: list[int] = []
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                prev = self.stamps.current(key)
+                stamp = self.stamps.bump(key)
+                bumped[:] = [prev, stamp]
+                try:
+                    deleted = await client.delete(key)
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)
+                else:
+                    self.behind.put(key, stamp, None, 0, None, time.time())
+                    return deleted or self._on_disk(key, prev) is not None
+            done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
+            if done:
+                return result
+        return False
 
-    def _delete(self, key: bytes) -> bool:
-        return self._on_either_tier(
-            key, lambda node: self._delete_both(node, key), lambda: self.disk.delete(key), False
-        )
-
-    def _delete_both(self, node: int, key: bytes) -> bool:
-        """Both tiers under the key's shard lock, so a refill cannot put the value back."""
-        try:
-            with self.disk.locked(key):
-                if self.states.is_out(node):
-                    raise _WentOut
-                self.disk.delete(key)
-                return run_blocking(self.blocking.delete(key))
-        except DiskError as exc:
-            self._disk_failed(key, exc)
-            return run_blocking(self.blocking.delete(key))
+    def _delete_on_disk(self, key: bytes, bumped: list[int] | None = None) -> bool:
+        existed = self._on_disk(key, self._base(key, bumped or [])) is not None
+        self._write_now(key, None, 0, None)
+        return existed
 
     async def delete_many(self, client: CommandSet, keys: Iterable[bytes]) -> None:
-        for key in dict.fromkeys(keys):
-            self._delete(key)
+        unique = list(dict.fromkeys(keys))
+        up = [k for k in unique if not self.states.is_out(self.cluster.node_index(k))]
+        settle = [k for k in unique if k not in set(up)]
+        if up:
+            stamps = [self.stamps.bump(key) for key in up]
+            try:
+                await client.delete_many(up)
+            except FastCacheError:
+                settle = unique  # a node failed: each key on its own (journaled if out)
+            else:
+                now = time.time()
+                for key, stamp in zip(up, stamps):
+                    self.behind.put(key, stamp, None, 0, None, now)
+        for key in settle:
+            await self.delete(client, key)
 
     async def incr(self, client: CommandSet, key: bytes, delta: int) -> int | None:
         """Add ``delta`` (negative: subtract, stopping at 0); None when ``key`` is missing."""
-        return self._on_either_tier(
-            key,
-            lambda node: self._incr_both(node, key, delta),
-            lambda: self._incr_disk(key, delta),
-            None,
-        )
+        node = self.cluster.node_index(key)
+        bumped: list[int] = []
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                try:
+                    return await self._incr_up(client, key, delta, bumped)
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)
+            done, result = self._out(
+                node, key, lambda: self._incr_on_disk(key, delta, bumped), None
+            )
+            if done:
+                return result
+        return None
 
-    def _incr_both(self, node: int, key: bytes, delta: int) -> int | None:
-        def on_memcached() -> int | None:
-            if delta < 0:
-                return run_blocking(self.blocking.decr(key, -delta))
-            return run_blocking(self.blocking.incr(key, delta))
-
-        try:
-            with self.disk.locked(key):
-                if self.states.is_out(node):
-                    raise _WentOut  # while this waited for the lock: journal it
-                value = on_memcached()
-                now = time.time()
-                entry = self.disk.get(key)
-                fresh = self._fresh(key, entry, now)
-                if value is None and fresh is not None:
-                    # memcached lost the key (restarted empty, or the journal replay deleted
-                    # it) but the disk tier holds its latest value: put it back, count on it.
-                    exptime = memcached_exptime(fresh.remaining_seconds(now), now)
-                    self.metrics.refills += run_blocking(
-                        self.blocking.add(key, fresh.data, flags=fresh.flags, exptime=exptime)
-                    )
-                    value = on_memcached()
-                if entry is not None:
-                    if value is None:
-                        self.disk.delete(key)
-                    else:
-                        self.disk.set(key, b"%d" % value, entry.flags, entry.remaining_seconds(now))
+    async def _incr_up(
+        self, client: CommandSet, key: bytes, delta: int, bumped: list[int]
+    ) -> int | None:
+        prev = self.stamps.current(key)
+        stamp = self.stamps.bump(key)
+        bumped[:] = [prev, stamp]
+        entry: DiskEntry | None = None
+        for _try in range(_STUB_TRIES):
+            now = time.time()
+            try:
+                count = await client.meta_arithmetic(key, abs(delta), decrement=delta < 0)
+            except MetaUnsupportedError:
+                value = await (client.decr(key, -delta) if delta < 0 else client.incr(key, delta))
+                self.behind.put(key, stamp, None, 0, None, now)  # no copy: misses on disk
                 return value
-        except DiskError as exc:
-            self._disk_failed(key, exc)
-            return on_memcached()
+            except CommandError:
+                held = await client.get(key)
+                if held is None or not _is_stub(held.value, held.flags):
+                    raise  # not a number
+                count = None  # a stub: the value is missing, or on its way back from disk
+            if count is not None and count.status is MetaStatus.HD:
+                assert count.value is not None
+                ttl = None if count.ttl is None or count.ttl < 0 else float(count.ttl)
+                self._queue(key, stamp, b"%d" % count.value, FLAG_INTEGER, ttl, now)
+                return count.value
+            if entry is None:
+                entry = self._on_disk(key, prev)
+                if entry is None:
+                    return None  # missing in both tiers
+            # memcached lost the counter, the disk has it: put it back, and count on it.
+            restored = DiskEntry(entry.data, entry.flags, entry.written_at, entry.expire_at, stamp)
+            if not await self._refill(client, key, restored):
+                await _pause(client, _STUB_PAUSE)  # another caller's lease: let it finish
+        return None
 
-    def _incr_disk(self, key: bytes, delta: int) -> int | None:
-        now = time.time()
-        entry = self._fresh(key, self.disk.get(key), now)
+    def _incr_on_disk(self, key: bytes, delta: int, bumped: list[int]) -> int | None:
+        entry = self._on_disk(key, self._base(key, bumped))
         if entry is None:
             return None
         if entry.flags != FLAG_INTEGER:
@@ -565,10 +803,13 @@ class TieredStore:
         current = int(entry.data)
         # memcached's rules: decr stops at 0, incr wraps at 2**64.
         value = max(0, current + delta) if delta < 0 else (current + delta) % 2**64
-        self.disk.set(key, b"%d" % value, entry.flags, entry.remaining_seconds(now))
+        self._write_now(key, b"%d" % value, entry.flags, entry.expire_at)
         return value
 
     async def clear(self, client: CommandSet) -> None:
+        # Every stamp forgotten first: no entry answers, and no write queued before the
+        # clear lands after it.
+        self.stamps.reset()
         out = [n for n in range(len(self.cluster)) if self.states.is_out(n)]
         up = [n for n in range(len(self.cluster)) if n not in out]
         if up:
@@ -651,8 +892,15 @@ class TieredStore:
         self.metrics.replayed_keys += len(keys)
         return len(keys)
 
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until the writes this process queued so far are on disk (or skipped);
+        False when ``timeout`` ran out first."""
+        return self.behind.flush(timeout)
+
     def close(self) -> None:
-        """Close the disk tier's SQLite connections (they reopen on the next use)."""
+        """Land the queued writes (briefly) and close the disk tier's SQLite connections
+        (they reopen on the next use)."""
+        self.behind.flush(1.0)
         self.disk.close()
         self.journal.close()
 
@@ -669,6 +917,7 @@ class TieredStore:
                 "journal_length": journal_length,
             }
         metrics = self.metrics
+        behind = self.behind
         return {
             "directory": self.directory,
             "nodes": nodes,
@@ -681,7 +930,21 @@ class TieredStore:
             "replayed_keys": metrics.replayed_keys,
             "nodes_marked_out": metrics.nodes_marked_out,
             "local_failures": metrics.local_failures,
+            "write_queue": len(behind),
+            "write_lag": behind.lag(),
+            "writes_landed": behind.landed,
+            "writes_skipped": behind.skipped,
+            "writes_dropped": behind.dropped + behind.failed,
         }
+
+
+async def _pause(client: CommandSet, seconds: float) -> None:
+    """Wait a moment: the calling thread sleeps on the blocking client (whose coroutines
+    never suspend), the event loop on the asyncio one."""
+    if isinstance(client, BlockingClient):
+        time.sleep(seconds)  # noqa: ASYNC251 - run by the sync bridge, never on a loop
+    else:
+        await asyncio.sleep(seconds)
 
 
 def _describe(error: BaseException | None) -> str:

@@ -31,7 +31,26 @@ from ..errors import FastCacheError
 
 T = TypeVar("T")
 
-_HEADER = struct.Struct("<Id")  # flags (u32), written at (seconds since the epoch)
+# flags (u32), written at (seconds since the epoch), the write stamp it was written under
+# (see :mod:`.stamps`: an entry answers only while that stamp is its slot's current one).
+_HEADER = struct.Struct("<IdQ")
+#: Values from this size on are kept by diskcache in files of their own.
+_FILE_THRESHOLD = 2**15
+# One statement per value written behind (diskcache's own set takes a SELECT and an UPDATE
+# or INSERT): the row as diskcache's set would leave it for a small value kept in the
+# database (MODE_RAW, size 0, no file, no tag). A row that holds a file is left to
+# diskcache's set, which removes the file (rowcount 0 tells).
+_UPSERT = (
+    "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag,"
+    " size, mode, filename, value) VALUES (?, 1, ?, ?, ?, 0, NULL, 0, 1, NULL, ?)"
+    " ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time,"
+    " expire_time = excluded.expire_time, access_time = excluded.access_time,"
+    " access_count = 0, tag = NULL, size = 0, mode = 1, filename = NULL,"
+    " value = excluded.value WHERE Cache.filename IS NULL"
+)
+
+#: A write behind: (key, stamp, data or None for a delete, flags, expire_at, written_at).
+Landing = tuple[bytes, int, bytes | None, int, float | None, float]
 
 # The process id, kept current by a fork hook instead of a getpid() per operation: SQLite
 # connections must never be used across a fork.
@@ -57,18 +76,22 @@ class DiskEntry:
     written_at: float
     #: Seconds since the epoch when the entry expires; None: never.
     expire_at: float | None
+    #: The write stamp it was written under (0: none, it never answers).
+    stamp: int = 0
 
     def remaining_seconds(self, now: float) -> float | None:
         return None if self.expire_at is None else self.expire_at - now
 
 
-def _encode(data: bytes, flags: int, written_at: float) -> bytes:
-    return _HEADER.pack(flags, written_at) + data
+def _encode(data: bytes, flags: int, written_at: float, stamp: int = 0) -> bytes:
+    return _HEADER.pack(flags, written_at, stamp) + data
 
 
-def _decode(raw: bytes, expire_at: float | None) -> DiskEntry:
-    flags, written_at = _HEADER.unpack_from(raw)
-    return DiskEntry(raw[_HEADER.size :], flags, written_at, expire_at)
+def _decode(raw: bytes, expire_at: float | None) -> DiskEntry | None:
+    if len(raw) < _HEADER.size:
+        return None  # not of this format (an older version's entry): it never answers
+    flags, written_at, stamp = _HEADER.unpack_from(raw)
+    return DiskEntry(raw[_HEADER.size :], flags, written_at, expire_at, stamp)
 
 
 class DiskStore:
@@ -194,18 +217,77 @@ class DiskStore:
             return None
         return _decode(raw, expire_at)
 
-    def set(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> None:
-        """Store ``data``; ``ttl`` in seconds (None: no expiry; <= 0: remove instead)."""
+    def set(
+        self,
+        key: bytes,
+        data: bytes,
+        flags: int,
+        ttl: float | None,
+        stamp: int = 0,
+        written_at: float | None = None,
+    ) -> None:
+        """Store ``data`` under write stamp ``stamp``; ``ttl`` in seconds (None: no expiry;
+        <= 0: remove instead)."""
         if ttl is not None and ttl <= 0:
             self.delete(key)
             return
+        raw = _encode(data, flags, time.time() if written_at is None else written_at, stamp)
         try:
             shard = self._shard(key)
-            self._waiting(
-                lambda: shard.set(key, _encode(data, flags, time.time()), expire=ttl, retry=False)
-            )
+            self._waiting(lambda: shard.set(key, raw, expire=ttl, retry=False))
         except Exception as exc:
             raise DiskError(f"disk tier write failed: {type(exc).__name__}: {exc}") from exc
+
+    def land(self, writes: list[Landing], current: Callable[[bytes], int]) -> tuple[int, int]:
+        """Apply writes made behind memcached, in order, in one transaction per shard.
+
+        A write lands only if ``current(key)`` (its slot's stamp, read while the shard's
+        lock is held) is still the write's stamp: one overtaken by a newer write or delete
+        of its slot is skipped. Returns (landed, skipped)."""
+        by_shard: dict[int, list[Landing]] = {}
+        for write in writes:
+            by_shard.setdefault(self.shard_of(write[0]), []).append(write)
+        shards = self._shards_now()
+        landed = skipped = 0
+        for index in sorted(by_shard):
+            shard = shards[index]
+            with self._failures("write behind"), self._transaction(shard):
+                sql = shard._sql
+                now = time.time()
+                for key, stamp, data, flags, expire_at, written_at in by_shard[index]:
+                    if current(key) != stamp:
+                        skipped += 1
+                        continue
+                    landed += 1
+                    if data is None or (expire_at is not None and expire_at <= now):
+                        shard.delete(key, retry=False)
+                        continue
+                    raw = _encode(data, flags, written_at, stamp)
+                    if (
+                        len(raw) >= _FILE_THRESHOLD
+                        or sql(_UPSERT, (key, now, expire_at, now, raw)).rowcount != 1
+                    ):
+                        expire = None if expire_at is None else expire_at - now
+                        shard.set(key, raw, expire=expire, retry=False)
+        return landed, skipped
+
+    @contextlib.contextmanager
+    def _transaction(self, shard: diskcache.Cache) -> Iterator[None]:
+        """``shard``'s write lock, waited for as :meth:`_waiting` says."""
+
+        def begin() -> contextlib.AbstractContextManager[None]:
+            transaction: contextlib.AbstractContextManager[None] = shard.transact(retry=False)
+            transaction.__enter__()
+            return transaction
+
+        transaction = self._waiting(begin)
+        try:
+            yield
+        except BaseException as exc:
+            with contextlib.suppress(Exception):  # the rollback re-raises ``exc``
+                transaction.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        transaction.__exit__(None, None, None)
 
     def add(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
         """Store only if ``key`` holds nothing (unexpired); True when stored."""

@@ -38,6 +38,12 @@ that ended at minus infinity), some write ``W`` of a value entirely followed ``D
 acknowledged before ``R`` began (``D < W < R``). In words: a write completed before the read
 began, and no delete could have come after it by the time the read ended.
 
+A stale read of nothing is a *miss*, not an old value: the runner counts and shows such
+reads apart and does not fail on them. FastCache writes the disk tier behind memcached, and
+a key whose latest write had not landed on disk when memcached lost it (or went out), or
+whose write was in flight (stamped, not yet in memcached), misses rather than answering an
+older value; that is the documented price of the write path (docs/disk-tier.md).
+
 A successful ``incr`` returning ``n`` also *read* ``n - 1``: it is checked as a read of the
 value ``n - 1`` over its own interval, so an increment applied to an overwritten value is
 caught too.

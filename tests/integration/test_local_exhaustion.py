@@ -49,6 +49,10 @@ WORKER = textwrap.dedent(
 
     cache.set("before", "kept")
     assert cache.get("before") == "kept"
+    tiered = cache._shared().tiered
+    assert tiered.flush()  # its disk copy landed (written behind, by another thread)
+    # This thread's SQLite connections open on its first disk read: open them now.
+    assert tiered.disk.get(cache.wire_key("before")) is not None
     for shared in list(fastcache._shared.values()):
         shared.blocking.close_thread_connections()  # the next call must connect again
 

@@ -118,8 +118,19 @@ def tiered(cache: FastCache) -> TieredStore:
     return store
 
 
+def landed(cache: FastCache) -> None:
+    """Wait for the writer behind memcached: the disk copies of the writes made so far."""
+    assert tiered(cache).flush(), "the writer behind did not land the queued writes"
+
+
 def on_disk(cache: FastCache, key: str) -> DiskEntry | None:
-    return tiered(cache).disk.get(cache.wire_key(key))
+    """The key's disk entry once the queued writes landed, if it answers reads."""
+    landed(cache)
+    store = tiered(cache)
+    entry = store.disk.get(cache.wire_key(key))
+    if entry is None or entry.stamp != store.stamps.current(cache.wire_key(key)):
+        return None
+    return entry
 
 
 def encoded(cache: FastCache, value: Any) -> tuple[bytes, int]:
@@ -209,6 +220,7 @@ def test_a_memcached_miss_is_answered_from_disk_and_memcached_is_refilled(
 ) -> None:
     cache.set("k", {"value": 1}, timeout=1000)
     key = cache.wire_key("k")
+    landed(cache)
     memcached.flush()
     assert raw.get(key) is None
     assert cache.get("k") == {"value": 1}
@@ -231,6 +243,7 @@ def test_get_many_answers_misses_from_disk_and_refills_them(
     cache: FastCache, memcached: MemcachedServer, raw: Raw
 ) -> None:
     cache.set_many({"a": 1, "b": "two", "c": [3]})
+    landed(cache)
     memcached.flush()
     cache.set("a", 10)  # memcached holds this one again
     assert cache.get_many(["a", "b", "c", "absent"]) == {"a": 10, "b": "two", "c": [3]}
@@ -245,6 +258,7 @@ def test_the_async_api_answers_a_miss_from_disk_and_refills(
     cache: FastCache, memcached: MemcachedServer, raw: Raw
 ) -> None:
     cache.set("k", "v")
+    landed(cache)
     memcached.flush()
 
     async def work() -> Any:
@@ -262,20 +276,21 @@ def test_a_refill_never_overwrites_a_value_written_meanwhile(
 ) -> None:
     cache.set("k", "old")
     key = cache.wire_key("k")
+    landed(cache)
     memcached.flush()
     store = tiered(cache)
-    original_add = store.blocking.add
+    original_meta_set = store.blocking.meta_set
     newer = encoded(cache, "newer")
 
-    async def add_after_a_concurrent_write(*args: Any, **kwargs: Any) -> bool:
-        # Another client writes the key between the disk read and the refill.
+    async def meta_set_after_a_concurrent_write(*args: Any, **kwargs: Any) -> Any:
+        # Another client writes the key between the lease and the refill's store.
         raw.set(key, *newer)
-        return await original_add(*args, **kwargs)
+        return await original_meta_set(*args, **kwargs)
 
-    monkeypatch.setattr(store.blocking, "add", add_after_a_concurrent_write)
+    monkeypatch.setattr(store.blocking, "meta_set", meta_set_after_a_concurrent_write)
     assert cache.get("k") == "old"  # the disk's answer to the miss
     monkeypatch.undo()
-    assert raw.get(key) == newer  # the refill was an add: it did not clobber
+    assert raw.get(key) == newer  # the refill's store carried the lease's CAS: refused
     assert cache.get("k") == "newer"
     stats = cache.tier_stats()
     assert stats is not None
@@ -461,6 +476,7 @@ def test_incr_of_a_key_memcached_lost_counts_on_the_disk_value(
     cache: FastCache, memcached: MemcachedServer, raw: Raw
 ) -> None:
     cache.set("n", 41, timeout=1000)
+    landed(cache)
     memcached.flush()
     assert cache.incr("n") == 42
     assert both_tiers(cache, raw, "n") == ((b"42", FLAG_INTEGER),) * 2
@@ -518,6 +534,7 @@ def test_writes_and_deletes_while_a_node_is_out_are_journaled(
 ) -> None:
     cache = make_cache(server.location, disk_directory)
     cache.set_many({"a": 1, "b": 2, "c": 3})
+    landed(cache)
     server.kill()
     cache.set("a", 10)  # fails, marks the node out, is journaled
     assert node_state(cache, server.location) == {"state": "out", "journal_length": 1}
@@ -600,6 +617,7 @@ def journal_and_outage(
     before = {
         cache.wire_key(key): raw.get(cache.wire_key(key)) for key in ("a", "b", "d", "e", "f")
     }
+    landed(cache)
     server.pause()
     cache.set("a", "during")  # times out, marks the node out, journaled
     cache.delete("b")
@@ -701,6 +719,7 @@ def test_a_restarted_node_comes_back_after_its_replay(
     raw = Raw(server)
     cache = make_cache(server.location, disk_directory)
     cache.set_many({"a": 1, "b": 2})
+    landed(cache)
     server.kill()
     cache.set("a", 10)
     cache.delete("b")

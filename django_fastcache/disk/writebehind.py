@@ -1,0 +1,195 @@
+"""The writer behind memcached: the disk copies of acknowledged writes, in group commits.
+
+A write or delete made while its node is up is acknowledged once memcached has it; its
+disk copy goes into this process's queue (a deque append, no lock, no disk) and a
+background thread lands the queue every ``interval`` seconds, in one transaction per
+disk shard (:meth:`DiskStore.land`). A write lands only while its stamp is still its slot's
+current one (:mod:`.stamps`), so a write overtaken meanwhile, from this process or another,
+is skipped; and until a write lands, the older entry of its key no longer answers (its
+stamp was replaced before the write was acknowledged). So the disk tier's lag shows as
+misses, never as old values. A queue lost with its process (killed) leaves those keys
+missing on disk; nothing older comes back.
+
+The thread is started on first need, and again in a forked child, which inherits neither
+the thread nor the parent's queue (the parent lands its own writes).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+from .stamps import WriteStamps
+from .store import DiskError, DiskStore, Landing
+
+#: Seconds between group commits while writes keep coming.
+INTERVAL = 0.01
+#: Writes a queue may hold; past it new ones are not queued (their keys miss on disk).
+MAX_QUEUE = 100_000
+#: Seconds the process's exit waits for its queues to land.
+EXIT_WAIT = 2.0
+
+_queues: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
+
+
+class WriteBehind:
+    def __init__(
+        self,
+        disk: DiskStore,
+        stamps: WriteStamps,
+        *,
+        interval: float = INTERVAL,
+        max_queue: int = MAX_QUEUE,
+        on_failure: Callable[[DiskError], None] | None = None,
+    ) -> None:
+        self.disk = disk
+        self.stamps = stamps
+        self.interval = interval
+        self.max_queue = max_queue
+        self._on_failure = on_failure
+        #: Counters of this process: writes landed, skipped (overtaken), not queued (the
+        #: queue was full), lost to a failed commit.
+        self.landed = 0
+        self.skipped = 0
+        self.dropped = 0
+        self.failed = 0
+        #: While True the writer lands nothing (tests hold it to keep writes queued).
+        self.paused = False
+        self._fresh_state()
+        _queues.add(self)
+
+    def _fresh_state(self) -> None:
+        self._queue: collections.deque[Landing | threading.Event] = collections.deque()
+        self._idle = True
+        self._wake = threading.Event()
+        self._start_lock = threading.Lock()
+        # Held while a batch lands, so that pause() returns only between batches.
+        self._batch_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # -- the request path ----------------------------------------------------------------
+    def put(
+        self,
+        key: bytes,
+        stamp: int,
+        data: bytes | None,
+        flags: int,
+        expire_at: float | None,
+        written_at: float,
+    ) -> None:
+        """Queue the disk copy of a write (``data`` None: a delete) stamped ``stamp``."""
+        queue = self._queue
+        if len(queue) >= self.max_queue:
+            self.dropped += 1
+            return
+        queue.append((key, stamp, data, flags, expire_at, written_at))
+        if self._idle:
+            self._notify()
+
+    def _notify(self) -> None:
+        self._idle = False
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            with self._start_lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._run, name="fastcache-write-behind", daemon=True
+                    )
+                    self._thread.start()
+        self._wake.set()
+
+    # -- state ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def lag(self) -> float:
+        """Seconds the oldest queued write has waited (0.0 when the queue is empty)."""
+        for item in list(self._queue):
+            if isinstance(item, tuple):
+                return max(0.0, time.time() - item[5])
+        return 0.0
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every write queued before this call has landed (or been skipped);
+        False when ``timeout`` ran out first."""
+        done = threading.Event()
+        self._queue.append(done)
+        self._notify()
+        return done.wait(timeout)
+
+    def pause(self) -> None:
+        """Land nothing queued from now until :meth:`resume` (writes keep being queued)."""
+        with self._batch_lock:
+            self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._notify()
+
+    # -- the writer ----------------------------------------------------------------------
+    def _run(self) -> None:
+        queue = self._queue
+        while True:
+            if self.paused or not queue:
+                self._idle = True
+                if queue and not self.paused:
+                    self._idle = False  # queued while going idle: not woken for it
+                    continue
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            with self._batch_lock:
+                if not self.paused:
+                    self._land_batch(queue)
+            # Let writes gather for a group commit, unless many already wait.
+            if len(queue) < 1000:
+                time.sleep(self.interval)
+
+    def _land_batch(self, queue: collections.deque[Landing | threading.Event]) -> None:
+        writes: list[Landing] = []
+        waiters: list[threading.Event] = []
+        for _ in range(len(queue)):
+            item = queue.popleft()
+            if isinstance(item, tuple):
+                writes.append(item)
+            else:
+                waiters.append(item)
+        if writes:
+            try:
+                landed, skipped = self.disk.land(writes, self.stamps.current)
+            except DiskError as exc:
+                # Their stamps are in place, so the entries they were to replace no longer
+                # answer: lost writes miss.
+                self.failed += len(writes)
+                if self._on_failure is not None:
+                    with contextlib.suppress(Exception):
+                        self._on_failure(exc)
+            except Exception:  # the thread must go on, whatever one batch did
+                self.failed += len(writes)
+            else:
+                self.landed += landed
+                self.skipped += skipped
+        for waiter in waiters:
+            waiter.set()
+
+
+def _after_fork_in_child() -> None:
+    for writer in list(_queues):
+        writer._fresh_state()
+
+
+def _land_at_exit() -> None:
+    deadline = time.monotonic() + EXIT_WAIT
+    for writer in list(_queues):
+        if writer._queue and not writer.paused:
+            writer.flush(max(0.0, deadline - time.monotonic()))
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_land_at_exit)
