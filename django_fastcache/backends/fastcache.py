@@ -35,6 +35,8 @@ from ..client import Client
 from ..client.address import parse_locations
 from ..client.blocking import BlockingClient
 from ..client.commands import CommandSet
+from ..client.events import NodeEvent
+from ..client.metrics import MetricsSnapshot
 from ..disk import DiskStore, Journal, NodeStates
 from ..disk.location import default_directory
 from ..disk.location import prepare as prepare_directory
@@ -109,6 +111,7 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
         min_connections=options.min_connections,
         max_connections=options.max_connections,
         idle_timeout=options.idle_timeout,
+        latency_metrics=options.latency_metrics,
         # Replies may carry values other clients stored, up to the server's limit.
         max_value_size=max(options.max_value_size, 1024 * 1024) + 1024,
         placement=options.placement,
@@ -118,7 +121,10 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
         username=options.username,
         password=options.password,
     )
-    blocking = BlockingClient(client.cluster)
+    # One health for both clients: either one's requests tell it, both report it.
+    blocking = BlockingClient(client.cluster, client.health)
+    blocking.timed = options.latency_metrics
+    client.on_node_event(_announce_node_event)
     if not options.disk_tier:
         return Shared(client, blocking, MemcachedStore(), None)
     directory = options.disk_directory or default_directory(servers)
@@ -144,6 +150,11 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
     )
     maintenance.register(tiered)
     return Shared(client, blocking, tiered, tiered)
+
+
+def _announce_node_event(event: NodeEvent) -> None:
+    signal = signals.node_healthy if event.healthy else signals.node_unhealthy
+    signal.send(sender=FastCache, node=event.node, event=event)
 
 
 def _announce_node_out(node_id: str, directory: str) -> None:
@@ -280,6 +291,12 @@ class FastCache(BaseCache):
     @property
     def _store(self) -> Store:
         return self._shared().store
+
+    def metrics(self) -> dict[str, MetricsSnapshot]:
+        """This process's counters per node and operation, by client: ``"blocking"`` (the
+        sync API) and ``"async"`` (the async API). See docs/metrics.md."""
+        stack = self._shared()
+        return {"blocking": stack.blocking.metrics(), "async": stack.client.metrics()}
 
     def tier_stats(self) -> dict[str, Any] | None:
         """The disk tier's state: per node ``state`` (up/out) and ``journal_length``, and

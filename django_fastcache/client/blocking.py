@@ -20,6 +20,7 @@ import select
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -49,7 +50,9 @@ from . import forksafe
 from .address import Address
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
+from .events import NodeHealth
 from .failures import connect_error, refusal_error
+from .metrics import ClientMetrics, Latencies, MetricsSnapshot, new_calls
 from .security import check_auth_reply, tls_error, tls_session_error
 from .thread_connections import ThreadConnections
 
@@ -94,6 +97,9 @@ class BlockingConnection:
         "_sock",
         "_view",
         "address",
+        "calls",
+        "latencies",
+        "report_reply",
         "timeout",
     )
 
@@ -117,6 +123,11 @@ class BlockingConnection:
         # cost an allocation (an mmap past glibc's threshold) per call.
         self._buffer = bytearray(_RECV_SIZE)
         self._view = memoryview(self._buffer)
+        # Requests made on this connection, by reply kind (its thread's alone: no lock),
+        # their latencies when measured, and whether its next reply says the node is back.
+        self.calls = new_calls()
+        self.latencies: Latencies | None = None
+        self.report_reply = False
 
     def readable(self) -> bool:
         """Whether the server sent anything (bytes, end of stream, an error) since last read.
@@ -399,9 +410,15 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
 class BlockingClient(CommandSet):
     """The commands over blocking sockets; drive its coroutines with ``run_blocking``."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, health: NodeHealth | None = None) -> None:
         self.cluster = cluster
         self._timeout = cluster.settings.timeout
+        #: Node health, shared with the asyncio client of the same cluster when given.
+        self.health = NodeHealth() if health is None else health
+        #: Counters per node and operation (see :meth:`metrics`); latencies only when
+        #: ``timed`` (two clock reads per call).
+        self.counters = ClientMetrics("blocking", cluster, latency=False)
+        self.timed = False
         self._local = ThreadConnections()
         # The connections, not the client, are what a forked child must drop (and a
         # compiled client cannot be weakly referenced).
@@ -425,12 +442,14 @@ class BlockingClient(CommandSet):
                 max(0.001, min(settings.connect_timeout, deadline - time.monotonic())),
             )
             local.by_node[node] = connection
+            self._count(node, connection)
         return connection
 
     def _discard(self, node: int) -> None:
         connection = self._local.by_node.pop(node, None)
         if connection is not None:
             connection.close(abort=True)
+            self.counters.detach(connection.calls)
 
     def _exchange(
         self,
@@ -440,14 +459,22 @@ class BlockingClient(CommandSet):
         expected: list[Sequence[bytes] | None] | None,
     ) -> list[Any]:
         deadline = time.monotonic() + self._timeout
-        connection = self._connection(node, deadline)
+        try:
+            connection = self._connection(node, deadline)
+        except BaseException as exc:
+            self._failed(node, kinds[0], exc, True)
+            raise
+        connection.calls[kinds[0]] += 1
         try:
             connection.send(data, deadline)
-            return connection.receive(kinds, deadline, expected)
-        except BaseException:
+            replies = connection.receive(kinds, deadline, expected)
+        except BaseException as exc:
             # Interrupted half-way, the stream is out of step: never reuse it.
             self._discard(node)
+            self._failed(node, kinds[0], exc)
             raise
+        self._replied(node, connection, kinds[0], deadline)
+        return replies
 
     def request(
         self,
@@ -459,24 +486,67 @@ class BlockingClient(CommandSet):
     ) -> Any:
         """One request, one reply, on the calling thread; an error reply is raised."""
         deadline = time.monotonic() + self._timeout
-        connection = self._connection(node, deadline)
+        try:
+            connection = self._connection(node, deadline)
+        except BaseException as exc:
+            self._failed(node, kind, exc, True)
+            raise
+        connection.calls[kind] += 1
         try:
             connection.send(data, deadline)
             if meanwhile is not None:
                 meanwhile()
             reply = connection.receive_one(kind, deadline, keys)
-        except BaseException:
+        except BaseException as exc:
             # Interrupted half-way, the stream is out of step: never reuse it.
             self._discard(node)
+            self._failed(node, kind, exc)
             raise
+        if self.timed or connection.report_reply:
+            self._replied(node, connection, kind, deadline)
         if isinstance(reply, CommandError):
             refused = refusal_error(reply, self.cluster.addresses[node])
             if refused is not None:
                 # memcached's connection limit: it closes this connection right after.
                 self._discard(node)
+                self._failed(node, kind, refused)
                 raise refused
+            self.counters.failed(self.cluster.node_ids[node], kind, reply)
             raise reply
         return reply
+
+    # -- metrics and node health: connections being made, failures, the odd reply -----------
+    def _count(self, node: int, connection: BlockingConnection) -> None:
+        """Count a new connection's calls, for as long as its thread lives."""
+        node_id = self.cluster.node_ids[node]
+        if self.timed:
+            connection.latencies = Latencies()
+        # A connection opened while its node is unhealthy reports its first reply.
+        connection.report_reply = node_id in self.health.unhealthy
+        self.counters.attach(
+            node_id, connection.calls, connection.latencies, threading.current_thread().is_alive
+        )
+
+    def _failed(self, node: int, kind: int, error: BaseException, connecting: bool = False) -> None:
+        node_id = self.cluster.node_ids[node]
+        self.counters.failed(node_id, kind, error, connecting)
+        self.health.failed(node_id, error)
+
+    def _replied(
+        self, node: int, connection: BlockingConnection, kind: int, deadline: float
+    ) -> None:
+        latencies = connection.latencies
+        if latencies is not None:
+            latencies.observe(kind, time.monotonic() - (deadline - self._timeout))
+        if connection.report_reply:
+            connection.report_reply = False
+            self.health.answered(self.cluster.node_ids[node])
+
+    def metrics(self) -> MetricsSnapshot:
+        """Per node: calls, errors and timeouts per operation (and latencies when ``timed``),
+        and the number of threads holding a connection. See docs/metrics.md."""
+        self.counters.latency = self.timed
+        return self.counters.snapshot(self.health.healthy)
 
     # -- the single-key commands as plain calls: the sync API's flat path ----------------
     # The same requests and results as CommandSet's coroutines of the same names, minus
@@ -545,21 +615,27 @@ class BlockingClient(CommandSet):
         deadline = time.monotonic() + self._timeout
         connections = self._local.by_node
         sent: list[int] = []
-        for node, (data, _kinds) in requests.items():
+        for node, (data, kinds) in requests.items():
             try:
-                self._connection(node, deadline).send(data, deadline)
+                connection = self._connection(node, deadline)
+                connection.calls[kinds[0]] += 1
+                connection.send(data, deadline)
                 sent.append(node)
             except FastCacheError as exc:
                 self._discard(node)
+                self._failed(node, kinds[0], exc)
                 results[node] = exc
         try:
             for node in sent:
                 try:
                     keys = None if expected is None else expected.get(node)
                     kinds = requests[node][1]
-                    results[node] = connections[node].receive(kinds, deadline, keys, False)
+                    connection = connections[node]
+                    results[node] = connection.receive(kinds, deadline, keys, False)
+                    self._replied(node, connection, kinds[0], deadline)
                 except FastCacheError as exc:
                     self._discard(node)
+                    self._failed(node, requests[node][1][0], exc)
                     results[node] = exc
         except BaseException:
             for node in sent:

@@ -50,6 +50,7 @@ class Client(CommandSet):
         max_connections: int = 4,
         idle_timeout: float = 60.0,
         max_value_size: int = 1024 * 1024,
+        latency_metrics: bool = False,
         autobatching: bool = True,
         ssl: SSLOption = None,
         username: str | None = None,
@@ -75,7 +76,8 @@ class Client(CommandSet):
         self.timeout = settings.timeout
         #: The nodes' health as this process's requests find it (see :mod:`.events`).
         self.health = NodeHealth()
-        self._metrics = ClientMetrics("async", self.cluster)
+        # Latency histograms cost a clock read and a bucket per call: asked for, not default.
+        self._metrics = ClientMetrics("async", self.cluster, latency=latency_metrics)
         self._pool_settings = PoolSettings(
             metrics=self._metrics,
             health=self.health,

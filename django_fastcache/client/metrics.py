@@ -251,10 +251,13 @@ class ClientMetrics:
             if owner is not None:
                 self._fold(owner)
 
-    def failed(self, node: str, kind: int, error: BaseException) -> None:
-        """A request of ``kind`` to ``node`` failed with ``error`` (a failure path only)."""
+    def failed(self, node: str, kind: int, error: BaseException, uncounted: bool = False) -> None:
+        """A request of ``kind`` to ``node`` failed with ``error`` (a failure path only);
+        ``uncounted``: it failed before its owner counted the call (while connecting)."""
         with self._lock:
             totals = self._totals(node)
+            if uncounted:
+                totals.calls[kind] += 1
             totals.errors[kind] += 1
             if isinstance(error, OperationTimeoutError):
                 totals.timeouts[kind] += 1

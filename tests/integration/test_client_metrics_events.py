@@ -60,7 +60,7 @@ def node(snapshot: MetricsSnapshot, server: MemcachedServer):  # type: ignore[no
 # -- counts, errors, latencies -------------------------------------------------------------------
 def test_calls_errors_and_latencies_per_operation(server: MemcachedServer) -> None:
     async def scenario() -> MetricsSnapshot:
-        client = make_client(server)
+        client = make_client(server, latency_metrics=True)
         try:
             for n in range(7):
                 assert await client.set(b"k%d" % n, b"v") is True
@@ -98,6 +98,20 @@ def test_calls_errors_and_latencies_per_operation(server: MemcachedServer) -> No
     assert stats.pool.waits == 0
 
 
+def test_latencies_are_measured_only_when_asked_for(server: MemcachedServer) -> None:
+    async def scenario() -> MetricsSnapshot:
+        client = make_client(server)
+        try:
+            await client.get(b"x")
+            return client.metrics()
+        finally:
+            await client.aclose()
+
+    get = node(asyncio.run(scenario()), server).operations["get"]
+    assert get.calls == 1
+    assert get.latency is None
+
+
 def test_counts_survive_the_event_loops_that_made_them(server: MemcachedServer) -> None:
     client = make_client(server)
 
@@ -117,7 +131,7 @@ def test_timeouts_are_counted_and_the_node_turns_unhealthy(server: MemcachedServ
     events: list[NodeEvent] = []
 
     async def scenario() -> MetricsSnapshot:
-        client = make_client(server, timeout=0.2)
+        client = make_client(server, timeout=0.2, latency_metrics=True)
         client.on_node_event(events.append)
         try:
             await client.set(b"t", b"v")

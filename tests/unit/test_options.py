@@ -63,6 +63,7 @@ GOOD_VALUES: dict[str, list[Any]] = {
     "compress_level": list(range(1, 10)),
     "hash_invalid_keys": [True, False],
     "sign_values": [True, False],
+    "latency_metrics": [True, False],
     "signing_key": [None, "a secret of its own"],
     "disk_tier": [True, False],
     "disk_directory": [None, "/var/cache/site", "relative/dir"],
