@@ -370,3 +370,30 @@ def test_status_command_shows_the_discovered_nodes(
     assert "fast: 2 memcached node(s)" in text
     assert f"{nodes[0].host}:{nodes[0].port}  ok" in text
     assert f"{nodes[2].host}:{nodes[2].port}" not in text
+
+
+def test_the_fake_endpoint_speaks_what_emcache_reads(nodes: list[MemcachedServer]) -> None:
+    """The fake is checked against another client's reading of the format (emcache reads
+    the reply in one piece, so the fake sends it whole here)."""
+    emcache = pytest.importorskip("emcache")
+    listed = [(n.host, n.host, n.port) for n in nodes[:2]]  # Memorystore's form
+
+    async def discovered(endpoint: FakeConfigEndpoint) -> set[tuple[str, int]]:
+        client = await emcache.create_client(
+            [emcache.MemcachedHostAddress(endpoint.host, endpoint.port)],
+            autodiscovery=True,
+            autodiscovery_poll_interval=0.05,
+            timeout=2.0,
+        )
+        try:
+            for _ in range(400):
+                found = {(n.address, n.port) for n in client.cluster_managment().nodes()}
+                if (endpoint.host, endpoint.port) not in found:
+                    return found
+                await asyncio.sleep(0.01)
+            return found
+        finally:
+            await client.close()
+
+    with FakeConfigEndpoint(listed, chunk=65536) as fake:
+        assert asyncio.run(discovered(fake)) == {(n.host, n.port) for n in nodes[:2]}
