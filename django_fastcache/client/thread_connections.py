@@ -28,7 +28,9 @@ class ThreadConnections(threading.local):
         """Close every thread's connections to ``nodes`` (nodes that left the cluster).
 
         A connection its thread is using right now (a request routed just before the
-        change) is only taken out of the thread's dict; its thread lets it go when done."""
+        change) is only taken out of the thread's dict, so that the request is not failed:
+        the socket is closed when the request lets go of the connection (by the garbage
+        collector, which may warn about it with a ResourceWarning)."""
         entries = _threads_of(self)
         entries[:] = [(thread, conns) for thread, conns in entries if thread() is not None]
         for _thread, connections in entries:

@@ -12,6 +12,7 @@ import asyncio
 import io
 import logging
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -397,3 +398,44 @@ def test_the_fake_endpoint_speaks_what_emcache_reads(nodes: list[MemcachedServer
 
     with FakeConfigEndpoint(listed, chunk=65536) as fake:
         assert asyncio.run(discovered(fake)) == {(n.host, n.port) for n in nodes[:2]}
+
+
+def test_other_threads_connections_close_and_one_in_use_is_left_alone(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer]
+) -> None:
+    client = Client([endpoint.location], autodiscovery=True, autodiscovery_interval=3600)
+    blocking = BlockingClient(client.cluster)
+    discovery = client.cluster.discovery
+    done, release = threading.Event(), threading.Event()
+
+    def worker() -> None:  # connects to both nodes, then keeps its connections
+        for key in KEYS:
+            run_blocking(blocking.set(key, b"v"))
+        done.set()
+        release.wait(10)
+        blocking.close_thread_connections()
+
+    thread = threading.Thread(target=worker)
+    try:
+        for key in KEYS:
+            run_blocking(blocking.set(key, b"v"))
+        thread.start()
+        assert done.wait(10)
+        leaving = client.cluster.live[0]
+        # Held as a request in flight holds it.
+        in_use = blocking._local.by_node[leaving]
+        open_before = connections(nodes[0])
+        endpoint.set_nodes([entry(nodes[1], "b"), entry(nodes[2], "c")])
+        assert discovery.refresh() is True
+        # The worker's idle connection is closed; the one in use is not, but it is no
+        # longer its thread's: it goes when its user lets go of it.
+        wait_until(lambda: connections(nodes[0]) == open_before - 1, endpoint)
+        assert leaving not in blocking._local.by_node
+        assert in_use._sock.fileno() != -1
+        in_use.close()  # its user done with it
+        wait_until(lambda: connections(nodes[0]) == open_before - 2, endpoint)
+    finally:
+        release.set()
+        thread.join(10)
+        discovery.close()
+        blocking.close_thread_connections()
