@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..errors import LocalResourceError, NetworkError
 from ..logs import RateLimit, logger
+from . import forksafe
 
 log = logger.getChild("client")
 
@@ -55,6 +56,12 @@ class NodeHealth:
         self._lock = threading.Lock()
         self._callbacks: list[NodeEventCallback] = []
         self._subscriber_errors = RateLimit()
+        forksafe.register(self)
+
+    def _forget_after_fork(self) -> object:
+        # A lock another thread of the parent held at the fork would never be released.
+        self._lock = threading.Lock()
+        return None
 
     def healthy(self, node: str) -> bool:
         return node not in self.unhealthy

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from ..errors import OperationTimeoutError
 from ..protocol import ReplyKind
+from . import forksafe
 
 #: Operation names, by reply kind: what a request of that kind does.
 OPERATIONS: tuple[str, ...] = tuple(
@@ -222,6 +223,17 @@ class ClientMetrics:
         self._owners: dict[int, _Owner] = {}
         # By node id, made on first use (autodiscovery adds nodes).
         self._retired: dict[str, _NodeTotals] = {}
+        forksafe.register(self)
+
+    def _forget_after_fork(self) -> object:
+        """In a forked child: the parent's pools and connections are not the child's (the
+        clients drop them), so their counts become totals; a lock some other thread of the
+        parent held at the fork would never be released, so it is made anew."""
+        self._lock = threading.Lock()
+        owners, self._owners = self._owners, {}
+        for owner in owners.values():
+            self._fold(owner)
+        return None
 
     def _totals(self, node: str) -> _NodeTotals:
         totals = self._retired.get(node)

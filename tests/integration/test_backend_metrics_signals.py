@@ -4,7 +4,9 @@ against real memcached processes the tests stop, pause and start again."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -157,3 +159,30 @@ def test_node_signals_follow_a_memcached_that_stops_and_starts(server: Memcached
     finally:
         signals.node_unhealthy.disconnect(unhealthy)
         signals.node_healthy.disconnect(healthy)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_keeps_the_counts_and_counts_on_its_own(server: MemcachedServer) -> None:
+    client = BlockingClient(Cluster([server.location], ClientSettings(timeout=2.0)))
+    for _ in range(3):
+        client.get_now(b"x")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            node = client.metrics().nodes[server.location]
+            # The parent's connection is not the child's: counted, no longer open.
+            inherited = (node.operations["get"].calls, node.pool.open)
+            client.get_now(b"x")
+            node = client.metrics().nodes[server.location]
+            own = (node.operations["get"].calls, node.pool.open)
+            code = 0 if (inherited, own) == ((3, 0), (4, 1)) else 2
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    node = client.metrics().nodes[server.location]
+    assert (node.operations["get"].calls, node.pool.open) == (3, 1)  # the parent's own
+    client.get_now(b"x")  # and its connection still works

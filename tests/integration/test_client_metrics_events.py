@@ -316,11 +316,10 @@ def test_a_child_forked_inside_the_loop_never_purges_the_parents_connections(
                     later = loop.create_future()
                     loop.call_later(0.5, later.set_result, None)
                     await later
-                    pools = [
+                    pools = [  # this client's, of this loop (others' may be inherited too)
                         pool
-                        for inherited in forksafe._inherited
-                        if isinstance(inherited, tuple | dict)
-                        for pool in _pools_in(inherited)
+                        for pool in _pools_in(forksafe._inherited)
+                        if pool.loop is loop and pool.address.node_id == server.location
                     ]
                     code = 0 if pools and all(p.stats().open == 4 for p in pools) else 3
                 except BaseException:
