@@ -26,7 +26,9 @@ from .tiered import TieredStore
 MIN_BACKOFF = 0.05
 MAX_BACKOFF = 2.0
 CULL_INTERVAL = 60.0
-IDLE_TICK = 0.5
+#: Seconds between two rounds while every node is up (each round checks that the tier's
+#: files are still the directory's: a few ``stat`` calls).
+IDLE_TICK = 0.1
 
 
 class Maintenance:
@@ -43,6 +45,10 @@ class Maintenance:
 
     def register(self, store: TieredStore) -> None:
         self._after_fork_check()
+        # A journal file replaced under the process is carried over, and the nodes it
+        # names marked out again, in the host-wide states.
+        store.journal.node_ids = tuple(store.cluster.node_ids)
+        store.journal.mark_out = store.states.mark_out_by_id
         with self._lock:
             self._stores.add(store)
         self.ensure_running()
@@ -86,6 +92,7 @@ class Maintenance:
             anything_out = False
             for store in stores:
                 try:
+                    check_files(store)
                     anything_out |= self._probe_out_nodes(store)
                 except Exception:
                     # Whatever went wrong with one store, the thread must go on: it is the
@@ -149,6 +156,32 @@ class Maintenance:
             store.directory,
             store.last_probe_error.get(node, "not probed yet"),
         )
+
+
+def check_files(store: TieredStore) -> None:
+    """Find the tier's files removed or replaced under this process (its directory deleted,
+    perhaps made again by a process started since; a temp cleaner removing files written
+    only during outages) and switch to the directory's files, carrying over what this
+    process knew: nodes out, journaled keys. Disk entries written before the switch stop
+    answering, host-wide: each side wrote to files the other never read."""
+    states = store.states
+    if states.replaced():
+        states.reopen(time.time())
+        store.disk.close()  # the values too: opened again, by path, on next use
+        stamps = getattr(store, "stamps", None)
+        reopen = getattr(stamps, "reopen", None)
+        if callable(reopen):
+            reopen()
+        logger.warning(
+            "the disk tier's files at %s were removed or replaced under this process; it "
+            "now uses the directory's files, and disk entries written before no longer "
+            "answer (nothing but this process may remove or replace the directory)",
+            store.directory,
+        )
+    try:
+        store.journal.carry_over_if_replaced()
+    except DiskError as exc:
+        store._disk_failed(None, exc)
 
 
 #: The one maintenance thread of the process.

@@ -16,9 +16,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ..client import forksafe
+from ..logs import logger
 from . import forkgate
 from .store import DiskError
 
@@ -31,6 +32,18 @@ CREATE TABLE IF NOT EXISTS journal (
 """
 
 
+#: Journaled in place of a key: "flush the whole node" (the tier's FLUSH_MARK).
+_FLUSH = b""
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 class Journal:
     def __init__(self, path: str, timeout: float = 5.0) -> None:
         self.path = path
@@ -38,6 +51,14 @@ class Journal:
         self._lock = threading.RLock()
         self._connection: sqlite3.Connection | None = None
         self._pid = os.getpid()
+        #: (device, inode) of the file this process's connection opened.
+        self._identity: tuple[int, int] | None = None
+        #: The nodes journaled for, and how to mark one out: set by whoever runs the tier
+        #: (:mod:`django_fastcache.maintenance`), for carrying a replaced journal over.
+        self.node_ids: tuple[str, ...] = ()
+        self.mark_out: Callable[[str], None] | None = None
+        #: Times this process found its journal file replaced and carried it over.
+        self.carried_over = 0
         forksafe.register(self)
 
     def _forget_after_fork(self) -> object:
@@ -68,7 +89,69 @@ class Journal:
                 except sqlite3.Error as exc:
                     raise DiskError(f"cannot open the outage journal {self.path}: {exc}") from exc
             self._connection, self._pid = connection, os.getpid()
+            self._identity = _file_identity(self.path)
         return connection
+
+    # -- the file removed under the process (an age-based temp cleaner, say) ------------------
+    def replaced(self) -> bool:
+        """Whether the file this process has open is no longer the journal's path: removed
+        (what a temp cleaner does to a file written only during outages) or replaced. What
+        this process journals there, no other process will ever replay. One ``stat``."""
+        return self._connection is not None and _file_identity(self.path) != self._identity
+
+    def _carry_over(self) -> sqlite3.Connection:
+        """Copy what the replaced file holds into the journal at the path (made again if
+        need be) and return the new connection, inside a transaction (``BEGIN IMMEDIATE``).
+
+        The nodes concerned are marked out again: another process may have found the new,
+        empty journal and brought them back meanwhile, and they must be replayed with these
+        keys before they serve again. A replaced file that cannot be read leaves "flush"
+        marks for every node instead (losing a node's content is safe, an old value not)."""
+        old = self._connection
+        assert old is not None
+        try:
+            rows = [(str(n), bytes(k)) for n, k in old.execute("SELECT node, key FROM journal")]
+        except sqlite3.Error:
+            rows = [(node_id, _FLUSH) for node_id in self.node_ids]
+        with contextlib.suppress(sqlite3.Error):
+            old.execute("ROLLBACK")
+        with contextlib.suppress(sqlite3.Error):
+            old.close()
+        self._connection = None
+        connection = self._connect()
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.executemany("INSERT OR IGNORE INTO journal (node, key) VALUES (?, ?)", rows)
+        except sqlite3.Error as exc:
+            raise DiskError(f"cannot carry the outage journal over to {self.path}: {exc}") from exc
+        if self.mark_out is not None:
+            for node_id in {node_id for node_id, _key in rows}:
+                self.mark_out(node_id)
+        self.carried_over += 1
+        logger.warning(
+            "the outage journal %s was removed or replaced under this process; carried %d "
+            "journaled key(s) over to a new one (a temp cleaner must leave the disk tier's "
+            "directory alone)",
+            self.path,
+            len(rows),
+        )
+        return connection
+
+    def carry_over_if_replaced(self) -> bool:
+        """:meth:`_carry_over` if the file was replaced (the maintenance thread's check)."""
+        with self._lock, forkgate.writing():
+            if not self.replaced():
+                return False
+            connection = self._connection
+            assert connection is not None
+            with contextlib.suppress(sqlite3.Error):
+                connection.execute("BEGIN IMMEDIATE")
+            connection = self._carry_over()
+            try:
+                connection.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise DiskError(f"cannot commit to the outage journal: {exc}") from exc
+            return True
 
     def _open(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
@@ -92,6 +175,8 @@ class Journal:
                 connection.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise DiskError(f"cannot lock the outage journal: {exc}") from exc
+            if self.replaced():
+                connection = self._carry_over()
             try:
                 yield connection
             except BaseException:
@@ -102,6 +187,10 @@ class Journal:
                 connection.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise DiskError(f"cannot commit to the outage journal: {exc}") from exc
+            # Removed while this transaction ran: what it committed went to a file no other
+            # process will read. Carried over before the caller acknowledges anything.
+            if self.replaced():
+                self.carry_over_if_replaced()
 
     @staticmethod
     def record(connection: sqlite3.Connection, node_id: str, keys: Iterable[bytes]) -> None:

@@ -55,20 +55,43 @@ def _page(path: str) -> mmap.mmap | None:
         os.close(fd)
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 class NodeStates:
     def __init__(self, directory: str, node_ids: tuple[str, ...]) -> None:
         self.node_ids = node_ids
+        self.directory = directory
         #: False when the files could not be opened (a read-only or unusable directory):
         #: the states are then this process's own, in memory. The breaker still works,
         #: for this process only, and no request fails because of the disk.
         self.shared = True
+        names = [hashlib.blake2b(n.encode(), digest_size=16).hexdigest() for n in node_ids]
+        self._paths = [os.path.join(directory, f"{name}.state") for name in names]
+        self._stamps_path = os.path.join(directory, "distrust.state")
+        #: (device, inode) of the distrust page this process mapped: the files in the
+        #: directory must be the ones every process maps (see :meth:`replaced`).
+        self._identity: tuple[int, int] | None = None
+        #: Pages replaced by :meth:`reopen`, kept mapped: another thread may still read them.
+        self._retired: list[mmap.mmap] = []
+        #: Times this process found the files replaced and mapped the new ones.
+        self.reopened = 0
+        self._maps, self._stamps = self._open_all()
+
+    def _open_all(self) -> tuple[list[mmap.mmap], mmap.mmap]:
         try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
         except OSError:
             self.shared = False
-        names = [hashlib.blake2b(n.encode(), digest_size=16).hexdigest() for n in node_ids]
-        self._maps = [self._open(os.path.join(directory, f"{name}.state")) for name in names]
-        self._stamps = self._open(os.path.join(directory, "distrust.state"))
+        maps = [self._open(path) for path in self._paths]
+        stamps = self._open(self._stamps_path)
+        self._identity = _identity(self._stamps_path) if self.shared else None
+        return maps, stamps
 
     def _open(self, path: str) -> mmap.mmap:
         page = _page(path)
@@ -76,6 +99,36 @@ class NodeStates:
             self.shared = False
             page = mmap.mmap(-1, mmap.PAGESIZE)
         return page
+
+    # -- the files under the processes -------------------------------------------------------
+    def replaced(self) -> bool:
+        """Whether the state files this process mapped are no longer the directory's: the
+        directory was removed (and perhaps made again by another process), or a temp
+        cleaner removed the files. Processes that map different files no longer see each
+        other's outages and distrust stamps. One ``stat``."""
+        identity = self._identity
+        return identity is not None and _identity(self._stamps_path) != identity
+
+    def reopen(self, now: float) -> None:
+        """Map the directory's files (made again if need be) in place of the replaced ones,
+        carrying over what this process knew: nodes out stay out (their journals must be
+        replayed before they serve again), and every disk entry written before ``now``
+        stops answering, host-wide (this process's writes since the split went to files
+        the others never saw, and theirs to files this process never saw)."""
+        old_maps, old_stamps = self._maps, self._stamps
+        self.shared = True
+        maps, stamps = self._open_all()
+        for old, new in zip(old_maps, maps):
+            if old[0] == _OUT:
+                new[0] = _OUT
+        for slot in range(_SLOTS + 1):
+            offset = slot * _STAMP.size
+            if _STAMP.unpack_from(old_stamps, offset)[0] > _STAMP.unpack_from(stamps, offset)[0]:
+                _STAMP.pack_into(stamps, offset, _STAMP.unpack_from(old_stamps, offset)[0])
+        self._retired.extend([*old_maps, old_stamps])
+        self._maps, self._stamps = maps, stamps
+        self.distrust(None, now)
+        self.reopened += 1
 
     def is_out(self, node: int) -> bool:
         return self._maps[node][0] == _OUT
@@ -94,6 +147,10 @@ class NodeStates:
     def mark_up(self, node: int) -> None:
         self._maps[node][0] = _UP
 
+    def mark_out_by_id(self, node_id: str) -> None:
+        if node_id in self.node_ids:
+            self.mark_out(self.node_ids.index(node_id))
+
     # -- disk entries ------------------------------------------------------------------------
     @staticmethod
     def _slot(key: bytes) -> int:
@@ -106,7 +163,13 @@ class NodeStates:
             _STAMP.pack_into(self._stamps, slot * _STAMP.size, now)
 
     def trusts(self, key: bytes, written_at: float) -> bool:
-        """Whether an entry of ``key`` written at ``written_at`` may answer a read."""
+        """Whether an entry of ``key`` written at ``written_at`` may answer a read.
+
+        None answers while the state files were replaced under this process (until the
+        maintenance thread maps the new ones): its disk tier may no longer be the one the
+        other processes write to. A read from disk pays one ``stat`` for it."""
+        if self.replaced():
+            return False
         stamps = self._stamps
         own: float = _STAMP.unpack_from(stamps, self._slot(key) * _STAMP.size)[0]
         whole: float = _STAMP.unpack_from(stamps, _WHOLE_TIER * _STAMP.size)[0]

@@ -263,3 +263,181 @@ def test_a_process_started_on_a_directory_made_read_only_refuses_clearly(
     assert outcome["refused"] is not None
     assert "chmod -R u+rwX" in outcome["refused"]
     assert "django_fastcache.E051" in outcome["checks"]
+
+
+# -- the tier's files removed or replaced under running processes -----------------------------
+
+
+def _settled(cache: FastCache) -> None:
+    """Every write made so far has its disk copy (the tier may write it behind memcached)."""
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    flush = getattr(tiered, "flush", None)
+    if flush is not None:
+        assert flush(PATIENCE), "the disk copies of the writes made so far did not land"
+
+
+def _hang(server: MemcachedServer, cache: FastCache, writes: dict[str, Any]) -> None:
+    """memcached hangs (SIGSTOP, keeping its values); ``writes`` are made meanwhile
+    (journaled); then it continues and the node is brought back."""
+    server.pause()
+    try:
+        cache.get("probe-the-hang")  # times out: the node is out from here
+        assert node_states(cache) == ["out"]
+        for key, value in writes.items():
+            cache.set(key, value)
+    finally:
+        server.resume()
+    assert wait_for(lambda: node_states(cache) == ["up"]), "the node never came back"
+
+
+def _in_new_process(
+    location: str,
+    directory: str,
+    writes: dict[str, Any],
+    read: list[str],
+    hung: bool = False,
+    until_up: bool = False,
+) -> dict[str, Any]:
+    """A process started now (spawned: nothing inherited) makes ``writes`` (after a call
+    that finds memcached hung, when ``hung``), waits until they have their disk copies, and
+    reads ``read``: what it read."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    results = spawn.Queue()
+    process = spawn.Process(
+        target=_process, args=(location, directory, writes, read, hung, until_up, results)
+    )
+    process.start()
+    try:
+        outcome: dict[str, Any] = results.get(timeout=60)
+    finally:
+        process.join(PATIENCE)
+    assert outcome["errors"] == [], outcome["errors"][0]
+    return outcome["read"]  # type: ignore[no-any-return]
+
+
+def _process(
+    location: str,
+    directory: str,
+    writes: dict[str, Any],
+    read: list[str],
+    hung: bool,
+    until_up: bool,
+    results: Any,
+) -> None:
+    outcome: dict[str, Any] = {"errors": [], "read": {}}
+    try:
+        from tests.consistency.worker import configure_django
+
+        configure_django([location], {**OPTIONS, "disk_directory": directory})
+        from django.core.cache import cache
+
+        if hung:
+            cache.get("probe-the-hang")
+            assert node_states(cache) == ["out"]  # type: ignore[arg-type]
+        for key, value in writes.items():
+            cache.set(key, value)
+        _settled(cache)  # type: ignore[arg-type]
+        if until_up:  # brought back by this process's maintenance thread
+            assert wait_for(lambda: node_states(cache) == ["up"])  # type: ignore[arg-type]
+        outcome["read"] = {key: cache.get(key) for key in read}
+    except BaseException:
+        outcome["errors"].append(traceback.format_exc())
+    results.put(outcome)
+
+
+def _read_in_new_process(location: str, directory: str, keys: list[str]) -> dict[str, Any]:
+    return _in_new_process(location, directory, {}, keys)
+
+
+def _older(read: dict[str, Any], older: dict[str, Any]) -> list[str]:
+    return [key for key, value in read.items() if value is not None and value == older[key]]
+
+
+def test_journal_files_removed_between_outages(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """An age-based temp cleaner removes the journal (written only during outages) while
+    the process runs. The next hang's writes go to the file the process still has open,
+    which no other process reads: when another process brings the node back, it replays
+    the new, empty journal, and the pre-outage values come back."""
+    from django_fastcache.maintenance import maintenance
+
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    keys = [f"key-{i}" for i in range(20)]
+    before = {key: f"before {key}" for key in keys}
+    for key, value in before.items():
+        cache.set(key, value)
+    _settled(cache)
+    _hang(server, cache, {"first-outage": 1})  # the journal is made, and opened
+    for name in os.listdir(disk_directory):
+        if name.startswith("journal"):
+            os.unlink(os.path.join(disk_directory, name))
+    # Another process brings the node back this time (whichever probes first does).
+    maintenance.unregister(tiered)
+    try:
+        server.pause()
+        try:
+            cache.get("probe-the-hang")
+            assert node_states(cache) == ["out"]
+            for key in keys:
+                cache.set(key, f"during {key}")
+        finally:
+            server.resume()
+        _in_new_process(server.location, disk_directory, {}, [], until_up=True)
+        assert node_states(cache) == ["up"]
+    finally:
+        maintenance.register(tiered)
+    read = {key: cache.get(key) for key in keys}
+    assert _older(read, before) == [], "pre-outage values came back in the running process"
+    assert _older(_read_in_new_process(server.location, disk_directory, keys), before) == [], (
+        "pre-outage values came back in a new process"
+    )
+
+
+def test_directory_deleted_and_made_again_by_a_process_started_later(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """The tier's directory is deleted while process P runs; Q, started afterwards, makes
+    it again. P must not answer with its own older values of keys Q overwrote (20 of 20
+    did, after memcached restarted empty), nor, after a hang, read the pre-outage values
+    of keys Q wrote during it."""
+    import shutil
+
+    older = make_cache([server.location], disk_directory)
+    tiered = older._shared().tiered
+    assert tiered is not None
+    keys = [f"key-{i}" for i in range(20)]
+    mine = {key: f"P {key}" for key in keys}
+    for key, value in mine.items():
+        older.set(key, value)
+    _settled(older)
+    shutil.rmtree(disk_directory)
+    theirs = {key: f"Q {key}" for key in keys}
+    _in_new_process(server.location, disk_directory, theirs, [])
+    server.restart()  # empty: only the disk tiers can answer
+    read = {key: older.get(key) for key in keys}
+    assert _older(read, mine) == [], (
+        f"P answered {len(_older(read, mine))} keys with its old values"
+    )
+
+    # P moves to the directory's files within a maintenance round.
+    assert wait_for(lambda: tiered.states.reopened > 0), "P kept the removed files"
+    later = [f"later-{i}" for i in range(20)]
+    pre = {key: f"pre {key}" for key in later}
+    _in_new_process(server.location, disk_directory, pre, [])
+    server.pause()
+    try:
+        during = {key: f"during {key}" for key in later}
+        _in_new_process(server.location, disk_directory, during, [], hung=True)
+    finally:
+        server.resume()
+    read = {key: older.get(key) for key in later}
+    assert wait_for(lambda: node_states(older) == ["up"]), "the node never came back"
+    after = {key: older.get(key) for key in later}
+    assert _older(read, pre) == [], "pre-outage values came back during the recovery"
+    assert _older(after, pre) == [], "pre-outage values came back after the recovery"
