@@ -43,6 +43,9 @@ __all__ = ["Discovery", "fetch_config"]
 
 logger = logging.getLogger("django_fastcache")
 
+#: Refreshes in a row that must find an older configuration version before it is taken.
+OLDER_VERSION_REFRESHES = 3
+
 
 def fetch_config(address: Address, connect_timeout: float, timeout: float) -> ClusterConfig:
     """Ask one endpoint ``config get cluster`` over a connection of its own."""
@@ -134,6 +137,7 @@ class Discovery:
         #: Refreshes done, and those that failed.
         self.refreshes = 0
         self.failures = 0
+        self._older_seen = 0  # refreshes in a row that found an older version
         forksafe.register(self)
 
     def pending_placement(self) -> Placement:
@@ -157,6 +161,21 @@ class Discovery:
         raise error
 
     def _apply(self, config: ClusterConfig) -> bool:
+        if self.version is not None and config.version < self.version:
+            # An endpoint that has not caught up yet (the services' copies of the
+            # configuration are eventually consistent): keep the newer list, unless the
+            # older version persists (the cluster was made anew and counts from 1 again).
+            self._older_seen += 1
+            if self._older_seen < OLDER_VERSION_REFRESHES:
+                logger.warning(
+                    "autodiscovery: configuration version %d is older than the one in use "
+                    "(%d); keeping the node list of %d",
+                    config.version,
+                    self.version,
+                    self.version,
+                )
+                return False
+        self._older_seen = 0
         try:
             addresses = [parse_address(node.address) for node in config.nodes]
         except ConfigurationError as exc:

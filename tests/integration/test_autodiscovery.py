@@ -439,3 +439,29 @@ def test_other_threads_connections_close_and_one_in_use_is_left_alone(
         thread.join(10)
         discovery.close()
         blocking.close_thread_connections()
+
+
+def test_an_older_version_is_taken_only_when_it_persists(
+    endpoint: FakeConfigEndpoint, nodes: list[MemcachedServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    client = Client([endpoint.location], autodiscovery=True, autodiscovery_interval=3600)
+    discovery = client.cluster.discovery
+    try:
+        assert discovery.refresh() is True
+        endpoint.set_nodes([entry(nodes[1], "b")])
+        assert discovery.refresh() is True
+        assert discovery.version == 2
+        # An endpoint that lags behind answers version 1 with another list.
+        endpoint.version = 1
+        endpoint.nodes = [entry(nodes[2], "c")]
+        with caplog.at_level(logging.WARNING, logger="django_fastcache"):
+            assert discovery.refresh() is False
+            assert discovery.refresh() is False
+        assert "older than the one in use" in caplog.text
+        assert live_ids(client) == [f"{nodes[1].host}:{nodes[1].port}"]
+        # Still older on the third refresh in a row: the cluster was made anew.
+        assert discovery.refresh() is True
+        assert discovery.version == 1
+        assert live_ids(client) == [f"{nodes[2].host}:{nodes[2].port}"]
+    finally:
+        discovery.close()
