@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterable
@@ -35,6 +36,7 @@ from . import forksafe
 from .address import Address, parse_address
 from .failures import connect_error
 from .hashing import Placement
+from .security import Security, tls_error
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -47,8 +49,12 @@ logger = logging.getLogger("django_fastcache")
 OLDER_VERSION_REFRESHES = 3
 
 
-def fetch_config(address: Address, connect_timeout: float, timeout: float) -> ClusterConfig:
-    """Ask one endpoint ``config get cluster`` over a connection of its own."""
+def fetch_config(
+    address: Address, connect_timeout: float, timeout: float, security: Security | None = None
+) -> ClusterConfig:
+    """Ask one endpoint ``config get cluster`` over a connection of its own, with TLS when
+    ``security`` has it (an ElastiCache cluster with in-transit encryption wants it on the
+    configuration endpoint too). Authentication is for nodes, not endpoints."""
     try:
         if address.path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -69,6 +75,8 @@ def fetch_config(address: Address, connect_timeout: float, timeout: float) -> Cl
         ) from None
     except OSError as exc:
         raise connect_error(address, exc) from exc
+    if security is not None and security.uses_tls(address):
+        sock = _wrap_tls(sock, address, security, connect_timeout)
     deadline = time.monotonic() + timeout
     parser = ClusterConfigParser()
     with sock:
@@ -95,6 +103,27 @@ def fetch_config(address: Address, connect_timeout: float, timeout: float) -> Cl
             ) from None
         except OSError as exc:
             raise ConnectionLostError(f"connection to {address} lost: {exc}") from exc
+
+
+def _wrap_tls(
+    sock: socket.socket, address: Address, security: Security, connect_timeout: float
+) -> socket.socket:
+    assert security.context is not None
+    hostname = security.hostname_for(address)
+    try:
+        sock.settimeout(connect_timeout)
+        return security.context.wrap_socket(sock, server_hostname=hostname)
+    except ssl.SSLError as exc:
+        sock.close()
+        raise tls_error(address, hostname, exc) from exc
+    except TimeoutError:
+        sock.close()
+        raise OperationTimeoutError(
+            f"the TLS handshake with {address} took longer than {connect_timeout}s"
+        ) from None
+    except OSError as exc:
+        sock.close()
+        raise ConnectionLostError(f"TLS handshake with {address}: {exc}") from exc
 
 
 class _Pending(Placement):
@@ -127,6 +156,7 @@ class Discovery:
         self.interval = settings.autodiscovery_interval
         self._connect_timeout = settings.connect_timeout
         self._timeout = settings.timeout
+        self._security = settings.security
         self._lock = threading.Lock()  # one fetch at a time
         self._thread_lock = threading.Lock()  # one start or stop at a time
         self._stop = threading.Event()
@@ -154,7 +184,7 @@ class Discovery:
         error: FastCacheError | None = None
         for endpoint in self._cluster.endpoints:
             try:
-                return fetch_config(endpoint, self._connect_timeout, self._timeout)
+                return fetch_config(endpoint, self._connect_timeout, self._timeout, self._security)
             except FastCacheError as exc:
                 error = exc
         assert error is not None

@@ -6,12 +6,13 @@ each time, as the real services do). Replies are written ``chunk`` bytes at a ti
 default), each piece a separate ``send`` with TCP_NODELAY, so the client's reads see them
 split at every possible point. ``fail`` makes it misbehave instead: ``"error"`` answers
 ``ERROR``, ``"close"`` drops the connection unanswered, ``"garbage"`` answers bytes that are
-not a config reply.
+not a config reply. With ``tls`` (a server-side ``SSLContext``) it speaks TLS.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Callable, Sequence
 
@@ -30,8 +31,15 @@ def config_reply(version: int, nodes: Sequence[tuple[str, str, int]]) -> bytes:
 class FakeConfigEndpoint(LoopbackServer):
     thread_name = "fake-config-endpoint"
 
-    def __init__(self, nodes: Sequence[tuple[str, str, int]] = (), chunk: int = 1) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[tuple[str, str, int]] = (),
+        chunk: int = 1,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         super().__init__()
+        #: A server-side context: the endpoint then speaks TLS.
+        self.tls = tls
         self.version = 1
         self.nodes: list[tuple[str, str, int]] = list(nodes)
         self.chunk = chunk
@@ -72,6 +80,15 @@ class FakeConfigEndpoint(LoopbackServer):
 
     def _serve(self, sock: socket.socket) -> None:
         buffer = b""
+        if self.tls is not None:
+            plain = sock
+            try:
+                sock = self.tls.wrap_socket(plain, server_side=True)
+            except (OSError, ssl.SSLError):
+                plain.close()
+                return
+            with self._lock:  # stop() must close the socket that now owns the descriptor
+                self._peers = [sock if peer is plain else peer for peer in self._peers]
         try:
             while not self.stopping.is_set():
                 data = sock.recv(4096)

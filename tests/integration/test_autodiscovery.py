@@ -12,6 +12,7 @@ import asyncio
 import io
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -25,9 +26,10 @@ from django_fastcache.backends.fastcache import FastCache
 from django_fastcache.bridge import run_blocking
 from django_fastcache.client import Client
 from django_fastcache.client.blocking import BlockingClient
-from django_fastcache.errors import ConnectFailedError
+from django_fastcache.errors import ConnectFailedError, TLSError
+from django_fastcache.testing.certificates import make_certificates, openssl_available
 from django_fastcache.testing.config_endpoint import FakeConfigEndpoint
-from django_fastcache.testing.servers import MemcachedServer
+from django_fastcache.testing.servers import MemcachedServer, ServerTLS
 from tests.conftest import MemcachedCluster
 from tests.integration.test_bridge import fork_and_run
 
@@ -465,3 +467,38 @@ def test_an_older_version_is_taken_only_when_it_persists(
         assert live_ids(client) == [f"{nodes[2].host}:{nodes[2].port}"]
     finally:
         discovery.close()
+
+
+def test_tls_endpoint_and_nodes(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """An encrypted cluster: the configuration endpoint and the nodes all speak TLS."""
+    if not openssl_available() or not MemcachedServer.supports_tls():
+        pytest.skip("needs the openssl tool and a memcached built with TLS")
+    certificates = make_certificates(
+        tmp_path_factory.mktemp("certs"), server_names=("memcached.test",)
+    )
+    tls = ServerTLS(certificates.server_cert, certificates.server_key)
+    servers = [MemcachedServer(tls=tls).start() for _ in range(2)]
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificates.server_cert, certificates.server_key)
+    listed = [entry(server, f"n{n}") for n, server in enumerate(servers)]
+    try:
+        with FakeConfigEndpoint(listed, tls=context) as endpoint:
+            good = {"ca_file": certificates.ca_file, "server_hostname": "memcached.test"}
+            client = Client([endpoint.location], autodiscovery=True, ssl=good)
+            blocking = BlockingClient(client.cluster)
+            try:
+                for key in KEYS[:50]:
+                    assert run_blocking(blocking.set(key, b"v")) is True
+                assert len(run_blocking(blocking.get_many(KEYS[:50]))) == 50
+                assert len(client.cluster.live) == 2
+            finally:
+                client.cluster.discovery.close()
+                blocking.close_thread_connections()
+            wrong = {"ca_file": certificates.other_ca_file, "server_hostname": "memcached.test"}
+            refused = Client([endpoint.location], autodiscovery=True, ssl=wrong)
+            refused_blocking = BlockingClient(refused.cluster)
+            with pytest.raises(TLSError):
+                run_blocking(refused_blocking.get(b"k"))
+    finally:
+        for server in servers:
+            server.stop()
