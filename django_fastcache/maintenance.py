@@ -179,7 +179,8 @@ def check_files(store: TieredStore) -> None:
             store.directory,
         )
     try:
-        store.journal.carry_over_if_replaced()
+        if store.journal.replaced():  # a stat; the lock only when it was
+            store.journal.carry_over_if_replaced()
     except DiskError as exc:
         store._disk_failed(None, exc)
 

@@ -9,7 +9,10 @@ at once and marks the connection closed; the pool then drops it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import ssl
+import struct
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -210,6 +213,7 @@ class Connection(asyncio.Protocol):
             self._closed_error = error
         transport, self._transport = self._transport, None
         if transport is not None:
+            _reset_on_close(transport)
             transport.abort()
         self._fail_pending(self._closed_error)
 
@@ -232,3 +236,18 @@ class Connection(asyncio.Protocol):
             future, _kind, _keys = pending.popleft()
             if not future.done():
                 future.set_exception(error)
+
+
+# SO_LINGER on, for 0 seconds: close() resets the connection.
+_ABORT_LINGER = struct.pack("ii", 1, 0)
+
+
+def _reset_on_close(transport: asyncio.BaseTransport) -> None:
+    """Have the transport's close reset the connection: the kernel then discards whatever
+    of a failed request is still unsent, so that it cannot reach the server later (after
+    an outage's replay, say). A plain close would still deliver it, once a partition
+    heals."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _ABORT_LINGER)

@@ -31,12 +31,17 @@ class _Pipe:
         self.sink = sink
         # (when it may be sent, the bytes); None ends the stream.
         self.pending: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
+        #: The source reset the connection (an abortive close).
+        self.reset = False
 
     def read(self) -> None:
         try:
             while True:
                 try:
                     chunk = self.source.recv(_CHUNK)
+                except ConnectionResetError:
+                    self.reset = True
+                    chunk = b""
                 except OSError:
                     chunk = b""
                 if not chunk:
@@ -56,6 +61,9 @@ class _Pipe:
                 wait = due - time.monotonic()
                 if wait > 0 and self.proxy.stopping.wait(wait):
                     break
+                if self.reset and self.proxy.partition:
+                    self.proxy._held(-len(chunk))  # still "unsent" at the reset: discarded
+                    continue
                 try:
                     self.sink.sendall(chunk)
                 finally:
@@ -71,11 +79,16 @@ class _Pipe:
 class DelayProxy(LoopbackServer):
     """Forward connections to ``upstream`` (``"host:port"``), ``delay`` seconds late."""
 
-    def __init__(self, upstream: str, delay: float = 0.0) -> None:
+    def __init__(self, upstream: str, delay: float = 0.0, *, partition: bool = False) -> None:
         host, _, port = upstream.rpartition(":")
         self.upstream = (host, int(port))
         #: Seconds every chunk is held, each way. May be changed at any time.
         self.delay = delay
+        #: Model a partition rather than a slow path: held bytes are still in their
+        #: sender's send queue, so a sender that resets its connection (an abortive
+        #: close) discards them, while after a graceful close they are still delivered,
+        #: late, as TCP would retransmit them once the partition heals.
+        self.partition = partition
         super().__init__()
         self._sockets: list[socket.socket] = []
         self._pending = 0

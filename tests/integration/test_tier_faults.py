@@ -441,3 +441,47 @@ def test_directory_deleted_and_made_again_by_a_process_started_later(
     after = {key: older.get(key) for key in later}
     assert _older(read, pre) == [], "pre-outage values came back during the recovery"
     assert _older(after, pre) == [], "pre-outage values came back after the recovery"
+
+
+# -- a timed-out write still on its way when the node comes back ------------------------------
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_write_timed_out_in_a_partition_never_lands_after_the_replay(
+    server: MemcachedServer, disk_directory: str, api: str
+) -> None:
+    """A set times out in a partition (journaled, acknowledged: the disk tier has it)
+    while its bytes are still in the sender's send queue. The partition heals, the node
+    answers a probe, is replayed and marked up; then TCP delivers the old set, and its
+    value comes back. Nothing of a timed-out request may be left to deliver: the failed
+    connection is closed by a reset, which discards it (the proxy models the partition:
+    what it holds is what the sender's kernel would still hold)."""
+    import asyncio
+
+    from django_fastcache.testing.proxy import DelayProxy
+
+    with DelayProxy(server.location, partition=True) as proxy:
+        cache = make_cache([proxy.location], disk_directory)
+        tiered = cache._shared().tiered
+        assert tiered is not None
+
+        def write(key: str, value: str) -> None:
+            if api == "sync":
+                cache.set(key, value)
+            else:
+                asyncio.run(cache.aset(key, value))
+
+        write("key", "before")
+        assert cache.get("key") == "before"
+        # The partition: held far longer than a call's timeout and the replay's wait.
+        proxy.delay = 4 * TIMEOUT + 2 * tiered.replay_settle
+        write("key", "timed out")  # times out: the node is out, the write journaled
+        assert node_states(cache) == ["out"]
+        write("key", "latest")  # journaled
+        proxy.delay = 0.0  # healed: the probe answers at once
+        assert wait_for(lambda: node_states(cache) == ["up"]), "the node never came back"
+        assert wait_for(lambda: proxy.pending_bytes() == 0), "the proxy kept bytes"
+        assert cache.get("key") in ("latest", None)
+    # And memcached itself does not hold the old value (a new process reads it there).
+    read = _read_in_new_process(server.location, disk_directory, ["key"])
+    assert read["key"] in ("latest", None)
