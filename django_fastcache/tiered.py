@@ -45,7 +45,7 @@ from .client.cluster import Cluster
 from .client.commands import CommandSet
 from .client.failures import refusal_error
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
-from .disk.stamps import WriteStamps
+from .disk.stamps import WriteStamps, holds_value
 from .disk.writebehind import INTERVAL, WriteBehind
 from .errors import (
     CommandError,
@@ -205,7 +205,7 @@ class TieredStore:
         if key is not None:
             # The entry may now be older than memcached's value: it must not answer a miss,
             # in any process. (Deleting it would need the disk that just failed.)
-            self.stamps.bump(key)
+            self.stamps.bump(key, gone=True)
 
     def _behind_failed(self, error: DiskError) -> None:
         # The writes were stamped before they were queued: their keys miss, nothing older
@@ -227,7 +227,7 @@ class TieredStore:
         self.metrics.disk_failures += 1
         self._log_disk_failure(error)
         for key in keys:
-            self.stamps.bump(key)
+            self.stamps.bump(key, gone=True)
 
     # -- disk entries --------------------------------------------------------------------
     def _fresh(
@@ -241,7 +241,7 @@ class TieredStore:
             stamp = self.stamps.current(key)
         if (
             entry.stamp != stamp
-            or not stamp
+            or not holds_value(stamp)
             or now - entry.written_at > self.max_staleness
             or (entry.expire_at is not None and entry.expire_at <= now)
             or not self.states.trusts(key, entry.written_at)
@@ -254,8 +254,8 @@ class TieredStore:
         one); a disk that fails answers nothing."""
         if stamp is None:
             stamp = self.stamps.current(key)
-        if not stamp:
-            return None  # the slot was never written: no entry answers, no need to look
+        if not holds_value(stamp):
+            return None  # deleted, or never written: no entry answers, no need to look
         try:
             return self._fresh(key, self.disk.get(key), time.time(), stamp)
         except DiskError as exc:
@@ -285,7 +285,7 @@ class TieredStore:
         """Write ``key``'s disk entry at once (a node is out): stamped first, so that the
         entry it replaces stops answering even if the write fails, and landed only while
         that stamp is current (a newer write of the slot wins)."""
-        stamp = self.stamps.bump(key)
+        stamp = self.stamps.bump(key, gone=data is None)
         now = time.time()
         self.disk.land(
             [(key, stamp, data, flags, expire_at, now if written_at is None else written_at)],
@@ -578,8 +578,9 @@ class TieredStore:
         bumped[:] = [prev, stamp]
         now = time.time()
         if not await client.add(key, data, flags=flags, exptime=memcached_exptime(ttl, now)):
-            # memcached holds the key: its disk copy, stamped anew, from memcached's value.
-            await self._copy_back(client, key, stamp)
+            if holds_value(prev):
+                # memcached holds the key: its disk copy, stamped anew, from memcached's.
+                await self._copy_back(client, key, stamp)
             return False
         entry = self._on_disk(key, prev)
         if entry is None:
@@ -637,7 +638,7 @@ class TieredStore:
         self, client: CommandSet, key: bytes, ttl: float | None, bumped: list[int]
     ) -> bool:
         prev = self.stamps.current(key)
-        stamp = self.stamps.bump(key)
+        stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
         bumped[:] = [prev, stamp]
         now = time.time()
         exptime = memcached_exptime(ttl, now)
@@ -685,7 +686,7 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 prev = self.stamps.current(key)
-                stamp = self.stamps.bump(key)
+                stamp = self.stamps.bump(key, gone=True)
                 bumped[:] = [prev, stamp]
                 try:
                     deleted = self.blocking.delete_now(key)
@@ -706,7 +707,7 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 prev = self.stamps.current(key)
-                stamp = self.stamps.bump(key)
+                stamp = self.stamps.bump(key, gone=True)
                 bumped[:] = [prev, stamp]
                 try:
                     deleted = await client.delete(key)
@@ -730,7 +731,7 @@ class TieredStore:
         up = [k for k in unique if not self.states.is_out(self.cluster.node_index(k))]
         settle = [k for k in unique if k not in set(up)]
         if up:
-            stamps = [self.stamps.bump(key) for key in up]
+            stamps = [self.stamps.bump(key, gone=True) for key in up]
             try:
                 await client.delete_many(up)
             except FastCacheError:

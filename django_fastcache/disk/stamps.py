@@ -14,6 +14,10 @@ Properties the tier relies on:
 * A stamp is a plain store to memory, no lock: the request path pays a hash and a store.
 * Stamps are random and never 0, and the table starts zeroed, so an entry never matches a
   slot by accident (a torn or lost store only makes entries stop answering: a miss).
+* A stamp's lowest bit says what stamped it: 1 a write of a value, 0 a delete (or a
+  failure). No entry is ever written under a delete's stamp, so a slot whose stamp is a
+  delete's (or 0) answers nothing without the disk being read: a miss on a deleted key
+  costs no disk read.
 * Keys sharing a slot hide each other's older entries: a collision costs a miss, never an
   old value.
 * The table outlives processes (it is a file): a process killed with writes still queued
@@ -50,9 +54,9 @@ _random = random.Random()
 os.register_at_fork(after_in_child=_random.seed)
 
 
-def new_stamp() -> int:
-    """A random stamp, never 0 (0 is an untouched slot: no entry answers it)."""
-    return _random.getrandbits(64) | 1
+def holds_value(stamp: int) -> bool:
+    """Whether an entry may answer under ``stamp`` (a write's, not a delete's or 0)."""
+    return bool(stamp & 1)
 
 
 def slot_of(key: bytes) -> int:
@@ -120,9 +124,11 @@ class WriteStamps:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
-    def bump(self, key: bytes) -> int:
-        """Give ``key``'s slot a new stamp (before the write is acknowledged); return it."""
-        stamp = _random.getrandbits(64) | 1
+    def bump(self, key: bytes, gone: bool = False) -> int:
+        """Give ``key``'s slot a new stamp (before the write is acknowledged); return it.
+        ``gone``: the key is deleted (or its disk copy lost): a delete's stamp."""
+        stamp = _random.getrandbits(64)
+        stamp = (stamp & ~1) | 2 if gone else stamp | 1
         self._words[_HEADER_WORDS + (zlib.crc32(key) & _SLOT_MASK)] = stamp
         return stamp
 

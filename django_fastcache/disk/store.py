@@ -36,10 +36,10 @@ T = TypeVar("T")
 _HEADER = struct.Struct("<IdQ")
 #: Values from this size on are kept by diskcache in files of their own.
 _FILE_THRESHOLD = 2**15
-# One statement per value written behind (diskcache's own set takes a SELECT and an UPDATE
-# or INSERT): the row as diskcache's set would leave it for a small value kept in the
-# database (MODE_RAW, size 0, no file, no tag). A row that holds a file is left to
-# diskcache's set, which removes the file (rowcount 0 tells).
+# Values written behind land with one statement per batch (diskcache's own set takes a
+# SELECT and an UPDATE or INSERT per value): the row as diskcache's set would leave it for
+# a small value kept in the database (MODE_RAW, size 0, no file, no tag). A row that holds
+# a file is left to diskcache's own calls, which remove the file.
 _UPSERT = (
     "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag,"
     " size, mode, filename, value) VALUES (?, 1, ?, ?, ?, 0, NULL, 0, 1, NULL, ?)"
@@ -48,6 +48,8 @@ _UPSERT = (
     " access_count = 0, tag = NULL, size = 0, mode = 1, filename = NULL,"
     " value = excluded.value WHERE Cache.filename IS NULL"
 )
+
+_DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1"
 
 #: A write behind: (key, stamp, data or None for a delete, flags, expire_at, written_at).
 Landing = tuple[bytes, int, bytes | None, int, float | None, float]
@@ -239,37 +241,80 @@ class DiskStore:
             raise DiskError(f"disk tier write failed: {type(exc).__name__}: {exc}") from exc
 
     def land(self, writes: list[Landing], current: Callable[[bytes], int]) -> tuple[int, int]:
-        """Apply writes made behind memcached, in order, in one transaction per shard.
+        """Apply writes made behind memcached, in one transaction per shard.
 
         A write lands only if ``current(key)`` (its slot's stamp, read while the shard's
         lock is held) is still the write's stamp: one overtaken by a newer write or delete
-        of its slot is skipped. Returns (landed, skipped)."""
-        by_shard: dict[int, list[Landing]] = {}
+        of its slot is skipped (so is an earlier write of a key written again in the same
+        batch). Returns (landed, skipped)."""
+        latest: dict[bytes, Landing] = {}
         for write in writes:
-            by_shard.setdefault(self.shard_of(write[0]), []).append(write)
+            latest[write[0]] = write
+        by_shard: dict[int, list[Landing]] = {}
+        for key, write in latest.items():
+            by_shard.setdefault(self.shard_of(key), []).append(write)
         shards = self._shards_now()
-        landed = skipped = 0
+        landed = 0
+        skipped = len(writes) - len(latest)
         for index in sorted(by_shard):
             shard = shards[index]
             with self._failures("write behind"), self._transaction(shard):
-                sql = shard._sql
                 now = time.time()
-                for key, stamp, data, flags, expire_at, written_at in by_shard[index]:
+                upserts: list[tuple[bytes, float, float | None, float, bytes]] = []
+                deletes: list[tuple[bytes]] = []
+                slow: list[Landing] = []  # large values, and rows that hold a file
+                for write in by_shard[index]:
+                    key, stamp, data, flags, expire_at, written_at = write
                     if current(key) != stamp:
                         skipped += 1
                         continue
                     landed += 1
                     if data is None or (expire_at is not None and expire_at <= now):
-                        shard.delete(key, retry=False)
+                        deletes.append((key,))
                         continue
                     raw = _encode(data, flags, written_at, stamp)
-                    if (
-                        len(raw) >= _FILE_THRESHOLD
-                        or sql(_UPSERT, (key, now, expire_at, now, raw)).rowcount != 1
-                    ):
-                        expire = None if expire_at is None else expire_at - now
-                        shard.set(key, raw, expire=expire, retry=False)
+                    if len(raw) >= _FILE_THRESHOLD:
+                        slow.append(write)
+                    else:
+                        upserts.append((key, now, expire_at, now, raw))
+                self._land_in(shard, now, upserts, deletes, slow)
         return landed, skipped
+
+    @staticmethod
+    def _land_in(
+        shard: diskcache.Cache,
+        now: float,
+        upserts: list[tuple[bytes, float, float | None, float, bytes]],
+        deletes: list[tuple[bytes]],
+        slow: list[Landing],
+    ) -> None:
+        """One shard's share of :meth:`land`, within its transaction: one statement per
+        kind, diskcache's own calls for whatever involves a file of its own."""
+        con = shard._con
+        keys = [row[0] for row in upserts] + [row[0] for row in deletes]
+        with_files: set[bytes] = set()
+        for first in range(0, len(keys), 500):
+            chunk = keys[first : first + 500]
+            rows = con.execute(
+                "SELECT key FROM Cache WHERE raw = 1 AND filename IS NOT NULL AND key IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            )
+            with_files.update(bytes(row[0]) for row in rows)
+        if with_files:
+            slow += [w for w in _as_landings(upserts, deletes) if w[0] in with_files]
+            upserts = [row for row in upserts if row[0] not in with_files]
+            deletes = [row for row in deletes if row[0] not in with_files]
+        if upserts:
+            con.executemany(_UPSERT, upserts)
+        if deletes:
+            con.executemany(_DELETE, deletes)
+        for key, stamp, data, flags, expire_at, written_at in slow:
+            if data is None or (expire_at is not None and expire_at <= now):
+                shard.delete(key, retry=False)
+            else:
+                expire = None if expire_at is None else expire_at - now
+                shard.set(key, _encode(data, flags, written_at, stamp), expire=expire, retry=False)
 
     @contextlib.contextmanager
     def _transaction(self, shard: diskcache.Cache) -> Iterator[None]:
@@ -335,3 +380,15 @@ class DiskStore:
             self._fanout.close()
         self._fanout = None
         self._shards = ()
+
+
+def _as_landings(
+    upserts: list[tuple[bytes, float, float | None, float, bytes]], deletes: list[tuple[bytes]]
+) -> list[Landing]:
+    """Rows of :meth:`DiskStore.land` back as writes (for diskcache's own calls)."""
+    writes: list[Landing] = []
+    for key, _now, expire_at, _access, raw in upserts:
+        flags, written_at, stamp = _HEADER.unpack_from(raw)
+        writes.append((key, stamp, raw[_HEADER.size :], flags, expire_at, written_at))
+    writes += [(key, 0, None, 0, None, 0.0) for (key,) in deletes]
+    return writes

@@ -29,7 +29,7 @@ from .stamps import WriteStamps
 from .store import DiskError, DiskStore, Landing
 
 #: Seconds between group commits while writes keep coming.
-INTERVAL = 0.01
+INTERVAL = 0.05
 #: Writes a queue may hold; past it new ones are not queued (their keys miss on disk).
 MAX_QUEUE = 100_000
 #: Seconds the process's exit waits for its queues to land.

@@ -726,6 +726,8 @@ def test_a_restarted_node_comes_back_after_its_replay(
     assert node_state(cache, server.location) == {"state": "out", "journal_length": 2}
     server.restart()  # same port, empty
     wait_for_state(cache, server.location, "up")
+    # The signal follows the state change (sent once the replay returned).
+    wait_until(lambda: len(signals_sent) == 2, "node_back sent")
     assert node_state(cache, server.location)["journal_length"] == 0
     assert [(name, kwargs["node"]) for name, kwargs in signals_sent] == [
         ("node_out", server.location),
