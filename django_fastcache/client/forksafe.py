@@ -9,6 +9,7 @@ is kept alive (deliberately leaked) for the life of the child, and starts afresh
 
 from __future__ import annotations
 
+import ctypes
 import os
 import weakref
 from typing import Protocol
@@ -37,8 +38,8 @@ def _after_fork_in_child() -> None:
 def _keep_forever(obj: object) -> None:
     # An extra reference that is never dropped: even interpreter shutdown in the child
     # must not deallocate (and so unregister) what belongs to the parent's epoll set.
-    import ctypes
-
+    # (ctypes is imported with this module: importing it in the child loads a shared
+    # library, which hangs when another thread of the parent held the loader's lock.)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
