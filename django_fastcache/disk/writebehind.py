@@ -181,6 +181,7 @@ class WriteBehind:
 
 def _after_fork_in_child() -> None:
     for writer in list(_queues):
+        writer.paused = False
         writer._fresh_state()
 
 

@@ -1,0 +1,371 @@
+"""The windows the disk tier's write path opens, each forced open and checked.
+
+The disk copy of a write lands behind memcached (:mod:`django_fastcache.disk.writebehind`),
+and a memcached miss is refilled under a lease. Each test below holds one of the windows
+open on purpose (the writer paused, a write slipped in between a refill's lease and its
+store, a process killed with writes queued, a node going out with writes queued, memcached
+restarted under a counter), logs every call it makes as the checker's operations, and runs
+the checker (:func:`.checker.check`) over the log: no read may return a value older than an
+acknowledged write or delete. Misses are allowed where a write had not landed (the checker's
+"stale nothing"); each test says which answer it expects.
+
+"Processes" sharing the host's disk tier are two FastCache stacks of their own in this
+process (their options differ by a harmless timeout, so they do not share a stack): each has
+its own queue and writer, both use the same directory, its write stamps and its journal.
+The killed process is a real one.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_fastcache.backends import FastCache
+from django_fastcache.testing.servers import MemcachedServer
+from django_fastcache.tiered import TieredStore
+from tests.conftest import forget_stacks
+
+from .checker import DELETE, GET, INCR, SET, STALE_NOTHING, Op, check
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not MemcachedServer.available(), reason="memcached is not installed"),
+]
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+class Log:
+    """The calls of a test, as the checker's operations (one clock: monotonic_ns)."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+
+    def _run(self, process: int, kind: str, key: str, call: Callable[[], Any]) -> Any:
+        start = time.monotonic_ns()
+        result = call()
+        self.ops.append(Op(process, kind, key, result, start, time.monotonic_ns(), True))
+        return result
+
+    def set(self, cache: FastCache, process: int, key: str, value: int) -> None:
+        start = time.monotonic_ns()
+        cache.set(key, value, timeout=None)
+        self.ops.append(Op(process, SET, key, value, start, time.monotonic_ns(), True))
+
+    def delete(self, cache: FastCache, process: int, key: str) -> None:
+        self._run(process, DELETE, key, lambda: cache.delete(key) and None)
+
+    def get(self, cache: FastCache, process: int, key: str) -> Any:
+        return self._run(process, GET, key, lambda: cache.get(key))
+
+    def incr(self, cache: FastCache, process: int, key: str) -> int | None:
+        def call() -> int | None:
+            try:
+                return cache.incr(key)
+            except ValueError:
+                return None  # missing
+
+        value: int | None = self._run(process, INCR, key, call)
+        return value
+
+    def record(self, op: Op) -> None:
+        self.ops.append(op)
+
+    def stale_reads(self) -> list[Any]:
+        """The checker's findings other than misses."""
+        return [v for v in check(self.ops) if v.kind != STALE_NOTHING]
+
+
+def make(location: str, directory: str, process: int) -> FastCache:
+    """FastCache as process ``process`` of the host would have it: its own stack."""
+    options = {
+        "disk_directory": directory,
+        "sign_values": False,
+        "connect_timeout": 1.0 + process / 100,  # a stack of its own
+        "operation_timeout": 0.5,
+    }
+    return FastCache(location, {"OPTIONS": options})
+
+
+def tier(cache: FastCache) -> TieredStore:
+    store = cache._shared().tiered
+    assert store is not None
+    return store
+
+
+@pytest.fixture
+def server() -> Iterator[MemcachedServer]:
+    own = MemcachedServer()
+    own.start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture
+def directory(tmp_path: Path) -> Iterator[str]:
+    path = tmp_path / "disk"
+    yield str(path)
+    forget_stacks(path)
+
+
+class _Between:
+    """Stands in for a tier's blocking client: runs ``hook`` once, just before the first
+    call of ``method`` (the refill's lease is then held, its store not yet sent)."""
+
+    def __init__(self, inner: Any, method: str, hook: Callable[[], None]) -> None:
+        self._inner = inner
+        self._method = method
+        self._hook: Callable[[], None] | None = hook
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._inner, name)
+        if name != self._method or self._hook is None:
+            return attribute
+        hook, self._hook = self._hook, None
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            hook()
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+# -- a write racing a refill ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("racer", ["set", "delete"])
+def test_a_write_or_delete_racing_a_refill_wins(
+    server: MemcachedServer, directory: str, racer: str
+) -> None:
+    log = Log()
+    reader, writer = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(writer, 1, "k", 1)
+    assert tier(writer).flush()
+    server.flush()  # memcached lost it: the next read is answered from disk and refilled
+
+    def write_meanwhile() -> None:
+        if racer == "set":
+            log.set(writer, 1, "k", 2)
+        else:
+            log.delete(writer, 1, "k")
+
+    store = tier(reader)
+    blocking = store.blocking
+    store.blocking = _Between(blocking, "meta_set", write_meanwhile)  # type: ignore[assignment]
+    try:
+        assert log.get(reader, 0, "k") == 1  # the disk's answer, concurrent with the write
+    finally:
+        store.blocking = blocking
+    # The refill's store carried the lease's CAS: the write (or delete) stands.
+    expected = 2 if racer == "set" else None
+    for process, cache in ((0, reader), (1, writer), (0, reader)):
+        assert log.get(cache, process, "k") == expected
+    assert store.metrics.refills == 0
+    assert log.stale_reads() == []
+
+
+def test_a_write_landing_between_the_miss_and_the_lease_is_not_undone(
+    server: MemcachedServer, directory: str
+) -> None:
+    # The lease is taken after the write's stamp moved on: the refill gives it back.
+    log = Log()
+    reader, writer = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(writer, 1, "k", 1)
+    assert tier(writer).flush()
+    server.flush()
+    store = tier(reader)
+    blocking = store.blocking
+
+    def delete_meanwhile() -> None:
+        log.delete(writer, 1, "k")
+
+    store.blocking = _Between(blocking, "meta_get", delete_meanwhile)  # type: ignore[assignment]
+    try:
+        log.get(reader, 0, "k")  # 1 or nothing: it overlaps the delete
+    finally:
+        store.blocking = blocking
+    assert log.get(reader, 0, "k") is None
+    assert log.get(writer, 1, "k") is None
+    assert log.stale_reads() == []
+
+
+# -- a write behind landing after a newer write -------------------------------------------------
+
+
+def test_a_write_behind_landing_after_a_newer_one_is_skipped(
+    server: MemcachedServer, directory: str
+) -> None:
+    log = Log()
+    slow, fast = make(server.location, directory, 0), make(server.location, directory, 1)
+    tier(slow).behind.pause()
+    log.set(slow, 0, "k", 1)  # acknowledged, its disk copy held back
+    log.set(fast, 1, "k", 2)  # newer, landed at once
+    assert tier(fast).flush()
+    skipped = tier(slow).behind.skipped
+    tier(slow).behind.resume()
+    assert tier(slow).flush()  # the older copy comes last...
+    assert tier(slow).behind.skipped == skipped + 1  # ...and is skipped
+    server.flush()
+    for process, cache in ((0, slow), (1, fast)):
+        assert log.get(cache, process, "k") == 2
+    assert log.stale_reads() == []
+
+
+# -- a process killed with writes queued ----------------------------------------------------------
+
+
+def _killed_with_writes_queued(location: str, directory: str, ready: Any) -> None:
+    from tests.consistency.worker import configure_django
+
+    configure_django([location], {"disk_directory": directory, "sign_values": False})
+    from django.core.cache import cache
+
+    store = cache._shared().tiered  # type: ignore[attr-defined]
+    started = time.monotonic_ns()
+    cache.set("k", 1, timeout=None)
+    assert store.flush()
+    first = (started, time.monotonic_ns())
+    store.behind.pause()
+    started = time.monotonic_ns()
+    cache.set("k", 2, timeout=None)  # acknowledged; its disk copy never lands
+    ready.put([first, (started, time.monotonic_ns())])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_process_killed_with_writes_queued_leaves_misses_not_old_values(
+    server: MemcachedServer, directory: str
+) -> None:
+    ready = SPAWN.SimpleQueue()  # written at once: the process dies right after
+    process = SPAWN.Process(
+        target=_killed_with_writes_queued, args=(server.location, directory, ready)
+    )
+    process.start()
+    process.join(60)
+    (first, second) = ready.get()
+    assert process.exitcode == -signal.SIGKILL
+    log = Log()
+    log.record(Op(9, SET, "k", 1, first[0], first[1], True))
+    log.record(Op(9, SET, "k", 2, second[0], second[1], True))
+    cache = make(server.location, directory, 0)
+    assert log.get(cache, 0, "k") == 2  # memcached has it
+    server.flush()  # and loses it: the disk never got the write, its old copy must not answer
+    assert log.get(cache, 0, "k") is None
+    assert log.get(make(server.location, directory, 1), 1, "k") is None
+    assert log.stale_reads() == []
+
+
+# -- an outage starting while writes are queued -------------------------------------------------
+
+
+def test_an_outage_starting_with_writes_queued_misses_until_they_land(
+    server: MemcachedServer, directory: str
+) -> None:
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "a", 1)
+    log.set(cache, 0, "b", 1)
+    assert tier(cache).flush()
+    tier(cache).behind.pause()
+    log.set(cache, 0, "a", 2)  # acknowledged, held back
+    log.set(cache, 0, "b", 2)  # acknowledged, held back
+    server.kill()
+    log.set(other, 1, "b", 3)  # the node fails: journaled, on disk at once
+    assert tier(other).states.is_out(0)
+    # a's write is still queued: a misses (never 1); b's journaled write answers.
+    assert log.get(other, 1, "a") is None
+    assert log.get(cache, 0, "a") is None
+    assert log.get(cache, 0, "b") == 3
+    tier(cache).behind.resume()
+    assert tier(cache).flush()
+    # a's copy landed; b's queued copy was overtaken by the journaled write: skipped.
+    assert log.get(other, 1, "a") == 2
+    assert log.get(cache, 0, "b") == 3
+    assert log.get(other, 1, "b") == 3
+    assert log.stale_reads() == []
+
+
+# -- counters across a memcached restart ---------------------------------------------------
+
+
+def test_add_and_incr_count_on_across_a_memcached_restart(
+    server: MemcachedServer, directory: str
+) -> None:
+    log = Log()
+    cache = make(server.location, directory, 0)
+    start = time.monotonic_ns()
+    assert cache.add("hits", 0) is True
+    log.record(Op(0, SET, "hits", 0, start, time.monotonic_ns(), True))
+    for expected in range(1, 6):
+        assert log.incr(cache, 0, "hits") == expected
+    assert tier(cache).flush()
+    server.restart()  # empty
+    # add finds the count the disk still holds, as get would: it does not start again at 0.
+    assert cache.add("hits", 0) is False
+    assert log.incr(cache, 0, "hits") == 6
+    assert log.get(cache, 0, "hits") == 6
+    assert tier(cache).flush()
+    server.restart()
+    assert log.incr(make(server.location, directory, 1), 1, "hits") == 7
+    assert log.get(cache, 0, "hits") == 7
+    assert log.stale_reads() == []
+
+
+def test_a_counter_whose_increments_had_not_landed_misses_rather_than_going_back(
+    server: MemcachedServer, directory: str
+) -> None:
+    log = Log()
+    cache = make(server.location, directory, 0)
+    log.set(cache, 0, "hits", 10)
+    assert tier(cache).flush()
+    tier(cache).behind.pause()
+    assert log.incr(cache, 0, "hits") == 11  # acknowledged, its disk copy held back
+    server.restart()
+    assert log.get(cache, 0, "hits") is None  # not 10
+    assert log.incr(cache, 0, "hits") is None  # missing, not 11
+    tier(cache).behind.resume()
+    assert tier(cache).flush()
+    # The held copy was overtaken by the failed incr's stamp: the count is lost (a miss,
+    # the price of the lag), and never comes back as 10 or 11.
+    assert log.get(cache, 0, "hits") is None
+    assert cache.add("hits", 0) is True
+    assert log.stale_reads() == []
+
+
+# -- fork ------------------------------------------------------------------------------------------
+
+
+def test_a_forked_child_writes_behind_with_a_writer_of_its_own(
+    server: MemcachedServer, directory: str
+) -> None:
+    cache = make(server.location, directory, 0)
+    store = tier(cache)
+    cache.set("parent", 1)
+    store.behind.pause()  # the parent's writer holds its batch lock now
+    cache.set("queued", 1)  # in the parent's queue, which the child must not inherit
+    pid = os.fork()
+    if pid == 0:  # the child: its own writer, started on its first write
+        code = 1
+        try:
+            cache.set("child", 2)
+            landed = store.flush(10)
+            entry = store.disk.get(cache.wire_key("child"))
+            code = 0 if landed and entry is not None and len(store.behind) == 0 else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    store.behind.resume()
+    assert store.flush()
+    assert store.disk.get(cache.wire_key("queued")) is not None
+    server.flush()
+    assert cache.get("child") == 2
+    assert cache.get("queued") == 1
