@@ -839,6 +839,7 @@ class TieredStore:
         when the node is still unreachable. Called by the maintenance thread, never on a
         request."""
         node_id = self.cluster.node_ids[node]
+        outage = self.states.outages(node)
         try:
             run_blocking(self.blocking.version(nodes=[node]))
             # Requests that timed out while the node hung may still sit in its sockets and
@@ -849,6 +850,12 @@ class TieredStore:
             with self.journal.transaction() as connection:
                 if not self.states.is_out(node):
                     return 0
+                if self.states.outages(node) != outage:
+                    # Brought back by another process and out again while this waited:
+                    # the probe answered before this outage, whose timed-out requests
+                    # may still be on their way. Probe again.
+                    self.last_probe_error[node] = "went out again during the replay's wait"
+                    return None
                 keys = Journal.keys(connection, node_id)
                 if FLUSH_MARK in keys:
                     run_blocking(self.blocking.flush_all(nodes=[node]))
@@ -862,6 +869,8 @@ class TieredStore:
             # flushed whole instead. (A write the journal could not take was not kept on
             # disk either: its entry no longer answers.) Otherwise the node stays out for
             # good, and memcached is never used again.
+            if self.states.outages(node) != outage:
+                return None  # out again meanwhile (see above): probe again
             try:
                 run_blocking(self.blocking.flush_all(nodes=[node]))
             except FastCacheError as exc:

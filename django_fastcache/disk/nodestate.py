@@ -27,6 +27,9 @@ import zlib
 _OUT = 1
 _UP = 0
 _STAMP = struct.Struct("<d")
+#: In a node's page: byte 0 its state; at _OUTAGES, how many times it went out.
+_COUNT = struct.Struct("<Q")
+_OUTAGES = 8
 #: Distrust slots: the page holds one float64 per slot, the last one for the whole tier.
 _SLOTS = mmap.PAGESIZE // _STAMP.size - 1
 _WHOLE_TIER = _SLOTS
@@ -137,12 +140,18 @@ class NodeStates:
         return any(m[0] == _OUT for m in self._maps)
 
     def mark_out(self, node: int) -> bool:
-        """Mark ``node`` out; True when this call changed it."""
+        """Mark ``node`` out; True when this call changed it (a new outage began)."""
         states = self._maps[node]
         if states[0] == _OUT:
             return False
+        _COUNT.pack_into(states, _OUTAGES, _COUNT.unpack_from(states, _OUTAGES)[0] + 1)
         states[0] = _OUT
         return True
+
+    def outages(self, node: int) -> int:
+        """How many times ``node`` went out (host-wide): what tells one outage from the
+        next, for a replay that must not act on a probe answered in an earlier one."""
+        return int(_COUNT.unpack_from(self._maps[node], _OUTAGES)[0])
 
     def mark_up(self, node: int) -> None:
         self._maps[node][0] = _UP

@@ -485,3 +485,75 @@ def test_a_write_timed_out_in_a_partition_never_lands_after_the_replay(
     # And memcached itself does not hold the old value (a new process reads it there).
     read = _read_in_new_process(server.location, disk_directory, ["key"])
     assert read["key"] in ("latest", None)
+
+
+class _Probed:
+    """A blocking client that tells when a ``version`` probe was answered."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.answered = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    async def version(self, **kwargs: Any) -> Any:
+        result = await self.real.version(**kwargs)
+        self.answered.set()
+        return result
+
+
+def test_a_replay_never_acts_on_a_probe_answered_before_the_node_went_out_again(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """The shape the soak found: a replay's probe answers, and while it waits for late
+    requests to land, another process brings the node back and the node hangs again,
+    with a set timed out in its sockets. Had the first replay then gone ahead at once on
+    its old probe (memcached continuing just then), its deletes could run before that set,
+    and the old value come back. It must probe again instead."""
+    from django_fastcache.maintenance import maintenance
+
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    cache.set("key", "before")
+    _settled(cache)
+    maintenance.unregister(tiered)  # this test drives the replays itself
+    try:
+        server.pause()
+        try:
+            cache.get("probe-the-hang")
+        finally:
+            server.resume()
+        assert node_states(cache) == ["out"]
+        tiered.replay_settle = 2.0  # long enough for the steps below, by far
+        outcome: list[int | None] = []
+        probed = _Probed(tiered.blocking)
+        tiered.blocking = probed  # type: ignore[assignment]
+        waiting = threading.Thread(target=lambda: outcome.append(tiered.bring_back(0)))
+        began = time.monotonic()
+        waiting.start()
+        assert probed.answered.wait(PATIENCE), "the replay's probe was not answered"
+        tiered.blocking = probed.real
+        # Meanwhile, another process's replay brings the node back...
+        with tiered.journal.transaction() as connection:
+            type(tiered.journal).forget(connection, tiered.cluster.node_ids[0])
+            tiered.states.mark_up(0)
+        # ... and it hangs again, a set timed out in its sockets, a newer one journaled.
+        server.pause()
+        try:
+            cache.set("key", "timed out")
+            assert node_states(cache) == ["out"]
+            cache.set("key", "latest")
+        finally:
+            server.resume()
+        assert time.monotonic() - began < tiered.replay_settle, "the steps took too long"
+        waiting.join(PATIENCE)
+        assert outcome == [None], "the replay went ahead on a probe from the earlier outage"
+        assert node_states(cache) == ["out"]
+        tiered.replay_settle = 2 * TIMEOUT
+        assert wait_for(lambda: tiered.bring_back(0) is not None)
+    finally:
+        maintenance.register(tiered)
+    assert node_states(cache) == ["up"]
+    assert cache.get("key") in ("latest", None)
