@@ -373,10 +373,12 @@ _STATUSES = {status.value: status for status in MetaStatus}
 # Replies memcached often sends bare, built once.
 _BARE = {status.value: MetaReply(status) for status in MetaStatus if status is not MetaStatus.VA}
 _MN = _BARE[b"MN"]
-# The commonest value reply, to mg's default flags and to meta_get_many's, read in one
-# step; anything else (or anything wrong with it) takes the general path.
+# The commonest value reply, to mg's default flags, to meta_get_many's and to
+# get_or_set's (a CAS before the flags), read in one step; anything else (or anything
+# wrong with it) takes the general path.
 _SIMPLE_VALUE = re.compile(
-    rb"VA ([0-9]{1,20}) f([0-9]{1,10})(?: k([\x21-\x7e\x80-\xff]{1,250}))?\r\n"
+    rb"VA ([0-9]{1,20}) (?:c([0-9]{1,20}) )?f([0-9]{1,10})"
+    rb"(?: k([\x21-\x7e\x80-\xff]{1,250}))?\r\n"
 )
 # Values at least this long are copied out through a memoryview: one copy instead of two.
 _VIEW_COPY_THRESHOLD = 4096
@@ -434,15 +436,17 @@ def read_meta_reply(
         length = int(simple[1])
         start = simple.end()
         data_end = start + length
-        client_flags = int(simple[2])
+        client_flags = int(simple[3])
+        cas = None if simple[2] is None else int(simple[2])
         if (
             length <= max_value_size
             and client_flags <= _UINT32_MAX
+            and (cas is None or cas <= _UINT64_MAX)
             and start - pos - 2 <= max_line_length
             and buffer.startswith(b"\r\n", data_end)
         ):
             return MetaReply(
-                MetaStatus.VA, _copy(buffer, start, data_end), None, client_flags, key=simple[3]
+                MetaStatus.VA, _copy(buffer, start, data_end), cas, client_flags, key=simple[4]
             ), data_end + 2
     limit = pos + max_line_length + 2
     newline = buffer.find(b"\n", pos, limit)

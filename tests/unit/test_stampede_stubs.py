@@ -48,3 +48,28 @@ def test_the_sealer_reads_a_stub_as_a_miss_without_a_refusal() -> None:
     # Anything else unsealed is still refused, and counted.
     assert sealer.open(b"key", b"x", 0) is None
     assert sealer.refusals.count == 1
+
+
+# -- the reply get_or_set reads on every hit -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"VA 3 c7 f2\r\nabc\r\n", b"VA 0 c18446744073709551615 f0\r\n\r\n"],
+)
+def test_a_value_with_its_cas_reads_the_same_on_the_quick_path(line: bytes) -> None:
+    from django_fastcache.protocol.meta import _with_flags, read_meta_reply
+
+    reply, end = read_meta_reply(line, 0, 1024, 8192) or (None, 0)
+    assert reply is not None
+    assert end == len(line)
+    header = line.split(b"\r\n")[0].split(b" ")
+    assert reply == _with_flags(reply.status, reply.value, header[2:], line)
+
+
+def test_a_cas_out_of_range_is_still_refused() -> None:
+    from django_fastcache.errors import ProtocolError
+    from django_fastcache.protocol.meta import read_meta_reply
+
+    with pytest.raises(ProtocolError, match="out of range"):
+        read_meta_reply(b"VA 1 c18446744073709551616 f0\r\nx\r\n", 0, 1024, 8192)
