@@ -32,12 +32,13 @@ import tempfile
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django_fastcache.client.address import parse_address
 from django_fastcache.disk import NodeStates
+from django_fastcache.testing.proxy import DelayProxy
 from django_fastcache.testing.servers import MemcachedServer
 
 from .checker import GET, STALE_NOTHING, Op, Violation, check, format_violation
@@ -60,6 +61,14 @@ from .worker import (
 
 KILL, STOP, RESTART = "kill", "stop", "restart"
 EVENT_KINDS = (KILL, STOP, RESTART)
+#: Faults of the machine, run when asked for (``run(kinds=...)``; see .faults):
+#: ``partition``, memcached behind a proxy that holds every byte for PARTITION_HOLD
+#: seconds (requests time out, their bytes still on their way), then lets them through at
+#: once; ``cleaner``, memcached hung while the journal and node-state files are removed,
+#: as an age-based temp cleaner would.
+PARTITION, CLEANER = "partition", "cleaner"
+#: Seconds a partition holds bytes: past every call's timeout and the replay's wait.
+PARTITION_HOLD = 3.0
 
 #: FastCache OPTIONS of the workers: short timeouts so outages are noticed quickly; disk
 #: entries never too old to answer (the run checks consistency, not the staleness bound).
@@ -240,12 +249,37 @@ def _wait_for(condition: Callable[[], bool], timeout: float = PATIENCE) -> bool:
 
 class _Chaos:
     def __init__(
-        self, server: MemcachedServer, states: NodeStates, counters: Any, processes: int
+        self,
+        server: MemcachedServer,
+        states: NodeStates,
+        counters: Any,
+        processes: int,
+        proxy: DelayProxy | None = None,
     ) -> None:
         self.server = server
         self.states = states
         self.counters = counters
         self.processes = processes
+        self.proxy = proxy
+
+    def _node_out(self) -> bool:
+        """The node's host-wide state; once its files were removed, the workers' new ones
+        (the controller never makes them: a zeroed file would say "up" too early)."""
+        states = self.states
+        if states.replaced():
+            if not os.path.exists(os.path.join(states.directory, "distrust.state")):
+                return True
+            self.states = states = NodeStates(states.directory, states.node_ids)
+        return states.is_out(0)
+
+    def _clean(self) -> None:
+        """Remove the journal's and the node states' files, as a temp cleaner would."""
+        disk = os.path.dirname(self.states.directory)
+        for name in os.listdir(disk):
+            if name.startswith("journal"):
+                os.unlink(os.path.join(disk, name))
+        for name in os.listdir(self.states.directory):
+            os.unlink(os.path.join(self.states.directory, name))
 
     def total(self, slot: int) -> int:
         return sum(self.counters[w * SLOTS + slot] for w in range(self.processes))
@@ -264,20 +298,28 @@ class _Chaos:
         event = Event(kind, start=time.monotonic_ns())
         if kind == KILL:
             self.server.kill()
-        elif kind == STOP:
+        elif kind in (STOP, CLEANER):
             self.server.pause()
+        elif kind == PARTITION:
+            assert self.proxy is not None
+            self.proxy.delay = PARTITION_HOLD
         else:
             self.server.restart()
-        if kind in (KILL, STOP):
+        if kind in (KILL, STOP, PARTITION, CLEANER):
             event.observed = _wait_for(
                 lambda: (
                     self.total(FALLBACK_READS) >= fallbacks + 3
                     and self.total(JOURNALED_WRITES) >= journaled + 1
                 )
             )
+            if kind == CLEANER:
+                self._clean()
             time.sleep(rng.uniform(0.0, 0.4))  # the outage goes on a random while longer
             if kind == KILL:
                 self.server.restart()
+            elif kind == PARTITION:
+                assert self.proxy is not None
+                self.proxy.delay = 0.0
             else:
                 self.server.resume()
         event.back = time.monotonic_ns()
@@ -288,7 +330,7 @@ class _Chaos:
                     >= disk_reads + fallbacks + 1
                 )
             )
-        if not _wait_for(lambda: not self.states.is_out(0)):
+        if not _wait_for(lambda: not self._node_out()):
             raise RuntimeError(f"the node was not brought back within {PATIENCE}s after {kind}")
         event.recovered = time.monotonic_ns()
         return event
@@ -302,6 +344,7 @@ def run(
     seed: int | None = None,
     directory: str | None = None,
     log: Callable[[str], None] = lambda line: None,
+    kinds: Sequence[str] = EVENT_KINDS,
 ) -> RunResult:
     """Run the workers for about ``seconds`` under chaos (at least one event of each kind,
     however short ``seconds`` is) and check their logs."""
@@ -313,8 +356,11 @@ def run(
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="consistency-"))
         disk = os.path.join(directory, "disk")
         server = stack.enter_context(MemcachedServer())
-        location = [server.location]
-        node_id = parse_address(server.location).node_id
+        proxy = None
+        if PARTITION in kinds:  # the workers reach memcached through it
+            proxy = stack.enter_context(DelayProxy(server.location, partition=True))
+        location = [server.location if proxy is None else proxy.location]
+        node_id = parse_address(location[0]).node_id
         # The workers create the directory the same way (0700) on first use.
         os.makedirs(disk, mode=0o700, exist_ok=True)
         states = NodeStates(os.path.join(disk, "nodes"), (node_id,))
@@ -342,12 +388,12 @@ def run(
         start.wait(timeout=60)
         began = time.monotonic()
         log(f"{processes} workers running (seed {seed})")
-        chaos = _Chaos(server, states, counters, processes)
-        schedule = list(EVENT_KINDS)
+        chaos = _Chaos(server, states, counters, processes, proxy)
+        schedule = list(kinds)
         rng.shuffle(schedule)
         events: list[Event] = []
         while schedule or time.monotonic() - began < seconds:
-            kind = schedule.pop() if schedule else rng.choice(EVENT_KINDS)
+            kind = schedule.pop() if schedule else rng.choice(list(kinds))
             # Some traffic on a healthy node first, then a random moment.
             since = chaos.snapshot(OPS)
             if not _wait_for(lambda since=since: chaos.each_worker_did(OPS, 20, since)):
