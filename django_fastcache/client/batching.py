@@ -41,12 +41,11 @@ _CRLF = b"\r\n"
 class GetBatcher:
     """Collects one node's single-key gets (or gets with CAS) for one event loop."""
 
-    __slots__ = ("_loop", "_pool", "_tasks", "_timeout", "_verb", "current")
+    __slots__ = ("_loop", "_pool", "_tasks", "_verb", "current")
 
-    def __init__(self, pool: Pool, timeout: float, *, cas: bool = False) -> None:
+    def __init__(self, pool: Pool, *, cas: bool = False) -> None:
         self._pool = pool
         self._loop = pool.loop
-        self._timeout = timeout
         self._verb = b"gets " if cas else b"get "
         #: The batch the keys submitted in this turn of the loop join (None: no flush is
         #: scheduled yet).
@@ -54,15 +53,15 @@ class GetBatcher:
         # Batches waiting for a connection (held here so they are not garbage collected).
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def submit(self, key: bytes) -> asyncio.Future[Item | None]:
-        """A future for ``key``'s item (or None), in :attr:`current`. ``key`` must have
-        been validated."""
+    def submit(self, key: bytes, timeout: float) -> asyncio.Future[Item | None]:
+        """A future for ``key``'s item (or None), in :attr:`current`, due within
+        ``timeout`` seconds. ``key`` must have been validated."""
         batch = self.current
         if batch is None:
             loop = self._loop
             # The first caller of the batch sets its deadline: later callers of the same
             # turn have later deadlines of their own, so none waits past its timeout.
-            batch = self.current = Batch(self._pool, loop.time() + self._timeout)
+            batch = self.current = Batch(self._pool, loop.time() + timeout)
             loop.call_soon(self._flush)
         future: asyncio.Future[Item | None] = self._loop.create_future()
         batch.keys.append(key)

@@ -28,6 +28,7 @@ from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection
 from .events import NodeEventCallback, NodeHealth
 from .metrics import ClientMetrics, MetricsSnapshot
+from .pipelining import UNLIMITED, Lane
 from .pool import Pool, PoolSettings
 from .security import SSLOption, make_security
 
@@ -52,6 +53,7 @@ class Client(CommandSet):
         max_value_size: int = 1024 * 1024,
         latency_metrics: bool = False,
         autobatching: bool = True,
+        pipelining: bool = True,
         ssl: SSLOption = None,
         username: str | None = None,
         password: str | None = None,
@@ -90,12 +92,16 @@ class Client(CommandSet):
             security=security,
         )
         self._pools_by_loop: dict[asyncio.AbstractEventLoop, list[Pool]] = {}
-        if not isinstance(autobatching, bool):
-            raise InvalidArgumentError(f"autobatching must be a bool, got {autobatching!r}")
+        for name, flag in (("autobatching", autobatching), ("pipelining", pipelining)):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{name} must be a bool, got {flag!r}")
         #: Whether concurrent single-key gets of one loop iteration share a request.
         self.autobatching = autobatching
-        # Per event loop: for node n, the batcher of get at 2n and of gets at 2n + 1.
-        self._batchers_by_loop: dict[asyncio.AbstractEventLoop, list[GetBatcher]] = {}
+        #: Whether concurrent requests for one node share connections (see pipelining.py)
+        #: rather than each waiting for a connection of its own.
+        self.pipelining = pipelining
+        # Per event loop, per node: the pool, its shared connections and the batchers.
+        self._lanes_by_loop: dict[asyncio.AbstractEventLoop, list[Lane]] = {}
         self._lock = threading.Lock()
         forksafe.register(self)
         if self.cluster.dynamic:  # autodiscovery: pools follow the node list
@@ -136,8 +142,8 @@ class Client(CommandSet):
                     pools.append(Pool(addresses[len(pools)], self._pool_settings, loop))
                 for slot in slots:  # a node that comes back: its old pool was closed
                     pools[slot] = Pool(addresses[slot], self._pool_settings, loop)
-            # The loops' batchers go with their pools: built afresh on next use.
-            self._batchers_by_loop.clear()
+            # The loops' lanes go with their pools: built afresh on next use.
+            self._lanes_by_loop.clear()
 
     def _nodes_removed(self, slots: tuple[int, ...]) -> None:
         """Close the pools of nodes that left, on their own loops."""
@@ -147,23 +153,25 @@ class Client(CommandSet):
                     for slot in slots:
                         loop.call_soon_threadsafe(pools[slot].close)
 
+    def _lanes(self) -> list[Lane]:
+        """The running loop's way to each node (pool, shared connections, batchers)."""
+        lanes = self._lanes_by_loop.get(asyncio.get_running_loop())
+        if lanes is None:
+            lanes = self._create_lanes()
+        return lanes
+
+    def _create_lanes(self) -> list[Lane]:
+        pools = self._pools()
+        lanes = [Lane(pool) for pool in pools]
+        with self._lock:
+            for old_loop in [lp for lp in self._lanes_by_loop if lp.is_closed()]:
+                del self._lanes_by_loop[old_loop]
+            return self._lanes_by_loop.setdefault(pools[0].loop, lanes)
+
     def _batcher(self, key: bytes, cas: int) -> GetBatcher:
         """The batcher for ``key``'s node on the running loop (``cas``: 0 get, 1 gets)."""
-        node = self.cluster.node_index(key)
-        batchers = self._batchers_by_loop.get(asyncio.get_running_loop())
-        if batchers is None:
-            batchers = self._create_batchers()
-        return batchers[2 * node + cas]
-
-    def _create_batchers(self) -> list[GetBatcher]:
-        pools = self._pools()
-        batchers = [
-            GetBatcher(pool, self.timeout, cas=cas) for pool in pools for cas in (False, True)
-        ]
-        with self._lock:
-            for old_loop in [lp for lp in self._batchers_by_loop if lp.is_closed()]:
-                del self._batchers_by_loop[old_loop]
-            return self._batchers_by_loop.setdefault(pools[0].loop, batchers)
+        lane = self._lanes()[self.cluster.node_index(key)]
+        return lane.gets if cas else lane.get
 
     # -- autobatched retrieval ------------------------------------------------------------
     async def get(self, key: bytes) -> Item | None:
@@ -174,7 +182,7 @@ class Client(CommandSet):
             return await CommandSet.get(self, key)
         validate_key(key)  # before hashing: a str key must not reach the hash
         batcher = self._batcher(key, 0)
-        future = batcher.submit(key)
+        future = batcher.submit(key, self.timeout)
         batch = batcher.current
         try:
             return await future
@@ -188,7 +196,7 @@ class Client(CommandSet):
             return await CommandSet.gets(self, key)
         validate_key(key)
         batcher = self._batcher(key, 1)
-        future = batcher.submit(key)
+        future = batcher.submit(key, self.timeout)
         batch = batcher.current
         try:
             return await future
@@ -198,9 +206,9 @@ class Client(CommandSet):
 
     def _forget_after_fork(self) -> object:
         """In a forked child: drop (and hand back) the parent's pools without touching them."""
-        inherited = (self._pools_by_loop, self._batchers_by_loop)
+        inherited = (self._pools_by_loop, self._lanes_by_loop)
         self._pools_by_loop = {}
-        self._batchers_by_loop = {}
+        self._lanes_by_loop = {}
         self._lock = threading.Lock()
         return inherited
 
@@ -220,6 +228,8 @@ class Client(CommandSet):
         meanwhile: Meanwhile = None,
         keys: Sequence[bytes] | None = None,
     ) -> Any:
+        if meanwhile is None and self.pipelining:
+            return await self._pipelined(node, data, kind, keys)
         pool = self._pools()[node]
         # One budget for the whole call: waiting for a connection uses it up too.
         deadline = pool.loop.time() + self.timeout
@@ -249,6 +259,62 @@ class Client(CommandSet):
             pool.failed(kind, exc)
             raise
         pool.release(connection)
+        pool.answered(kind, deadline)
+        if isinstance(reply, CommandError):
+            pool.failed(kind, reply, replied=True)
+            raise reply
+        return reply
+
+    async def _pipelined(
+        self, node: int, data: bytes, kind: ReplyKind, keys: Sequence[bytes] | None
+    ) -> Any:
+        """One request on a connection it may share with other callers' requests."""
+        lane = self._lanes()[node]
+        pool = lane.pool
+        deadline = pool.loop.time() + self.timeout
+        shared = lane.shared
+        connection = shared.pick()
+        while connection is None:
+            connection = pool.try_acquire()
+            if connection is not None:
+                shared.share(connection)
+                break
+            if pool.size >= pool.settings.max_connections:
+                # No room for another connection: go deeper on a shared one, if any.
+                connection = shared.pick(UNLIMITED)
+                if connection is not None:
+                    break
+            opening = shared.opening
+            if opening is not None:
+                # Another caller is getting a connection: wait for it, then look again.
+                # Its deadline comes before ours (it started first), so this is bounded.
+                await asyncio.shield(opening)
+                connection = shared.pick()
+                continue
+            opening = shared.opening = pool.loop.create_future()
+            try:
+                connection = await pool.acquire(deadline)
+            except FastCacheError as exc:
+                pool.failed(kind, exc)
+                raise
+            finally:
+                shared.opening = None
+                opening.set_result(None)
+            shared.share(connection)
+        try:
+            future = connection.request_soon(data, kind, deadline, keys)
+        except FastCacheError:
+            if connection.on_drained is not None and not connection.in_flight:
+                connection.on_drained(connection)  # nothing will drain it: give it back
+            raise
+        # A cancelled caller just stops waiting: its reply is read (and dropped) in turn.
+        try:
+            reply = await future
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            pool.failed(kind, exc)
+            raise
         pool.answered(kind, deadline)
         if isinstance(reply, CommandError):
             pool.failed(kind, reply, replied=True)
@@ -354,7 +420,7 @@ class Client(CommandSet):
         with self._lock:
             pools = self._pools_by_loop.pop(loop, [])
             # Gets already submitted still flush, into the closed pools: they fail at once.
-            self._batchers_by_loop.pop(loop, None)
+            self._lanes_by_loop.pop(loop, None)
         for pool in pools:
             pool.close()
         if self.cluster.discovery is not None:

@@ -15,7 +15,7 @@ import ssl
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 from ..errors import (
@@ -48,12 +48,14 @@ class Connection(asyncio.Protocol):
         "_closed_error",
         "_deadlines",
         "_loop",
+        "_outgoing",
         "_parser",
         "_pending",
         "_transport",
         "_watchdog",
         "address",
         "last_used",
+        "on_drained",
     )
 
     def __init__(
@@ -72,6 +74,11 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._closed_error: BaseException | None = None
         self.last_used = time.monotonic()
+        # Requests made with request_soon in this turn of the loop, written together.
+        self._outgoing: list[bytes] = []
+        #: Called once nothing is pending any more (every reply read, or the connection
+        #: failed): how a connection shared by pipelined requests goes back to its pool.
+        self.on_drained: Callable[[Connection], None] | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -109,6 +116,8 @@ class Connection(asyncio.Protocol):
             # Everything asked for is answered, yet bytes remain: the server sent more than
             # it was asked for, and they must never be read as the next request's reply.
             self.abort(ProtocolError("the server sent bytes nobody asked for"))
+        elif self.on_drained is not None:
+            self.on_drained(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._closed_error is None:
@@ -173,6 +182,41 @@ class Connection(asyncio.Protocol):
         self._transport.write(data)
         return futures
 
+    def request_soon(
+        self,
+        data: bytes,
+        kind: ReplyKind,
+        deadline: float,
+        keys: Sequence[bytes] | None = None,
+    ) -> asyncio.Future[Any]:
+        """Like :meth:`request`, but the bytes are written at the end of this turn of the
+        loop, together with every other request made on this connection meanwhile: the
+        requests of many callers pipelined in one write."""
+        if self._closed_error is not None or self._transport is None:
+            raise self._closed_error or ConnectionLostError("connection is closed")
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._pending.append((future, kind, keys))
+        self._deadlines.append(deadline)
+        watchdog = self._watchdog
+        if watchdog is None:
+            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+        elif deadline < watchdog.when():
+            # A shorter timeout than the requests ahead of it: its deadline governs now.
+            watchdog.cancel()
+            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+        outgoing = self._outgoing
+        if not outgoing:
+            self._loop.call_soon(self._write_outgoing)
+        outgoing.append(data)
+        return future
+
+    def _write_outgoing(self) -> None:
+        outgoing = self._outgoing
+        data = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
+        outgoing.clear()
+        if self._transport is not None:  # else failed meanwhile: its requests were failed
+            self._transport.write(data)
+
     def request_into(
         self,
         receivers: Sequence[Receiver],
@@ -196,10 +240,12 @@ class Connection(asyncio.Protocol):
         deadlines = self._deadlines
         if not deadlines or self._closed_error is not None:
             return
-        if deadlines[0] <= self._loop.time():
+        # Oldest first, so in order but for a request pipelined with a shorter timeout.
+        earliest = min(deadlines)
+        if earliest <= self._loop.time():
             self.abort(OperationTimeoutError(f"no reply from {self.address} in time"))
         else:
-            self._watchdog = self._loop.call_at(deadlines[0], self._check_deadlines)
+            self._watchdog = self._loop.call_at(earliest, self._check_deadlines)
 
     def send_noreply(self, data: bytes) -> None:
         """Write requests that carry ``noreply``: nothing is queued for them."""
@@ -236,6 +282,8 @@ class Connection(asyncio.Protocol):
             future, _kind, _keys = pending.popleft()
             if not future.done():
                 future.set_exception(error)
+        if self.on_drained is not None:
+            self.on_drained(self)
 
 
 # SO_LINGER on, for 0 seconds: close() resets the connection.

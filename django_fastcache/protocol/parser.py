@@ -76,6 +76,8 @@ class Item(NamedTuple):
 
 
 _RETRIEVAL = ReplyKind.RETRIEVAL
+# Builds an Item without the Python-level __new__ of a NamedTuple: one call fewer per item.
+_new_item = tuple.__new__
 
 Reply = list[Item] | list[MetaResult] | Status | int | str | dict[str, str] | CommandError
 """What next_reply returns for a complete reply; see ReplyParser.next_reply."""
@@ -213,7 +215,14 @@ class ReplyParser:
                 if found is not None:
                     return found
             elif kind is _RETRIEVAL:
-                self._expected = None if keys is None else set(keys)
+                if keys is None:
+                    self._expected = None
+                else:
+                    # A multi-key get (an autobatched one, say): its usual items in one
+                    # loop; on anything else the general reader goes on from there.
+                    many = self._many_values(keys)
+                    if many is not None:
+                        return many
             elif keys is not None:  # META: a quiet multi-get's keys, checked by _read_meta
                 self._expected = set(keys)
         elif kind != waiting:
@@ -240,6 +249,49 @@ class ReplyParser:
             return [item]
         self._items = [item]
         self._expected = set()  # the key is answered: any further item breaks the protocol
+        return None
+
+    def _many_values(self, keys: Sequence[bytes]) -> list[Item] | None:
+        """A whole reply to a multi-key get, read in one loop while its items are the usual
+        kind (as for :meth:`_whole_simple_item`, values under the copy threshold), or None
+        with the items read so far and the keys still expected kept for
+        :meth:`_read_retrieval`, which reads the rest (and tells what is wrong, if
+        anything is)."""
+        buffer = self._buffer
+        pos = self._pos
+        expected = set(keys)
+        items: list[Item] = []
+        match_header = _ONE_VALUE_HEADER.match
+        limit = min(self._max_value_size, _VIEW_COPY_THRESHOLD - 1)
+        available = len(buffer)
+        while True:
+            match = match_header(buffer, pos)
+            if match is None:
+                if buffer.startswith(b"END\r\n", pos):
+                    self._pos = self._scan = pos + 5
+                    return items
+                break
+            key, flags_digits, length_digits = match.groups()
+            start = match.end()
+            length = int(length_digits)
+            data_end = start + length
+            if (
+                length > limit
+                or data_end + 2 > available
+                or buffer[data_end] != 13
+                or buffer[data_end + 1] != 10
+                or key not in expected
+            ):
+                break
+            flags = int(flags_digits)
+            if flags > _UINT32_MAX:
+                break
+            expected.remove(key)
+            items.append(_new_item(Item, (key, bytes(buffer[start:data_end]), flags, None)))
+            pos = data_end + 2
+        self._pos = self._scan = pos
+        self._items = items
+        self._expected = expected
         return None
 
     # -- readers, one per reply kind -------------------------------------------------------

@@ -43,7 +43,13 @@ def server() -> Iterator[MemcachedServer]:
 
 
 def make_client(server: MemcachedServer, **options: object) -> Client:
-    return Client([server.location], autobatching=False, **options)  # type: ignore[arg-type]
+    # Each request on a connection of its own: the pool's waits are what is counted here.
+    return Client(
+        [server.location],
+        autobatching=False,
+        pipelining=False,
+        **options,  # type: ignore[arg-type]
+    )
 
 
 async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:

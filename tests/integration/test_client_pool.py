@@ -12,16 +12,26 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from django_fastcache.bridge import run_blocking
-from django_fastcache.client import Client
+from django_fastcache.client import Client as _Client
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.errors import ClientClosedError
 from django_fastcache.protocol import Item
 from django_fastcache.testing.servers import MemcachedServer
+
+
+def Client(*args: Any, **options: Any) -> _Client:
+    """A client whose every call takes a connection of its own (no pipelining, no
+    autobatching): how the pool lends, waits and opens is what these tests watch."""
+    options.setdefault("pipelining", False)
+    options.setdefault("autobatching", False)
+    return _Client(*args, **options)
+
 
 pytestmark = pytest.mark.integration
 
