@@ -557,3 +557,46 @@ def test_a_replay_never_acts_on_a_probe_answered_before_the_node_went_out_again(
         maintenance.register(tiered)
     assert node_states(cache) == ["up"]
     assert cache.get("key") in ("latest", None)
+
+
+def test_forked_children_read_the_disk_while_the_parent_lands_writes(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """Children forked while the parent's writer behind memcached commits to the disk
+    tier: each child's first read that needs the disk opens it (a write to every shard)
+    and must not wait on a lock that only the parent's thread held at the fork."""
+    from django_fastcache.bridge import run_blocking
+
+    cache = make_cache([server.location], disk_directory)
+    cache.set("present", "on disk")
+    _settled(cache)
+    wire = cache.wire_key("present")
+    assert run_blocking(cache._shared().blocking.delete(wire))  # memcached lost it
+    stop = threading.Event()
+
+    def busy() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            cache.set(f"busy-{n % 64}", n)
+
+    threads = [threading.Thread(target=busy) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        pids = []
+        for _ in range(8):
+
+            def child() -> None:
+                assert cache.get("present") == "on disk"
+                cache.set("child", os.getpid())
+                _settled(cache)
+
+            pids.append(_fork(child))
+            time.sleep(0.003)  # forks land at different points of the parent's commits
+        outcomes = _outcomes(pids, bound=10.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(PATIENCE)
+    assert outcomes == [0] * 8
