@@ -569,3 +569,41 @@ def test_a_handshake_nobody_answers_is_bounded_by_connect_timeout(
     finally:
         server.resume()
     assert took < 4.0
+
+
+def test_a_forked_child_leaves_the_parents_tls_session_alone(
+    tls_server: MemcachedServer, certificates: Certificates
+) -> None:
+    # The child closes its copy of the parent's TLS socket without a TLS goodbye (which
+    # would end the parent's session too) and opens a session of its own.
+    client = blocking([tls_server.location], ssl=trusted(certificates))
+
+    def total_connections() -> int:
+        admin = blocking([tls_server.location], ssl=trusted(certificates))
+        try:
+            stats = run_blocking(admin.stats())[tls_server.location]
+        finally:
+            admin.close_thread_connections()
+        return int(stats["total_connections"])
+
+    try:
+        assert run_blocking(client.set(b"fork", b"parent"))
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                item = run_blocking(client.get(b"fork"))
+                stored = run_blocking(client.set(b"fork:child", b"child"))
+                code = 0 if item is not None and item.value == b"parent" and stored else 2
+            finally:
+                os._exit(code)
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        before = total_connections()
+        item = run_blocking(client.get(b"fork:child"))
+        assert item is not None
+        assert item.value == b"child"
+        # Only the second count's own connection is new: the parent kept its session.
+        assert total_connections() - before == 1
+    finally:
+        client.close_thread_connections()
