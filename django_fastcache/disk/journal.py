@@ -7,6 +7,10 @@ that was partitioned rather than restarted still holds the values from before th
 
 The journal's write lock (``BEGIN IMMEDIATE``) is also what makes "record while out" and
 "replay and bring back" mutually exclusive across processes.
+
+A journal file removed under a running process (a temp cleaner: it is written only during
+outages) would keep what that process records away from every other process's replay: a
+transaction that finds its file replaced carries it over to the journal at the path first.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ stamped with the time of the failure, and from then on no entry of that slot wri
 before the stamp answers a read, in any process. A later successful write is newer than the
 stamp and answers again. A stamp is a plain write to memory: it cannot fail when the disk
 does. (Two processes stamping one slot in the same instant may leave the earlier stamp.)
+
+Each node's page also counts its outages, so that a replay can tell that the probe it acted
+on was answered in the current outage. And the files can be removed under the processes
+(a temp cleaner, a deleted directory made again): :meth:`NodeStates.replaced` notices, and
+:meth:`NodeStates.reopen` maps the directory's files again, carrying over what it knew.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import mmap
 import os
 import struct
 import zlib
+
+from .location import make_private
 
 _OUT = 1
 _UP = 0
@@ -88,7 +95,7 @@ class NodeStates:
 
     def _open_all(self) -> tuple[list[mmap.mmap], mmap.mmap]:
         try:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            make_private(self.directory)  # 0700, parents too (the tier's may be gone)
         except OSError:
             self.shared = False
         maps = [self._open(path) for path in self._paths]
