@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import CommandError, ConnectionLostError, FastCacheError, InvalidArgumentError
-from ..protocol import Item, ReplyKind, Status, validate_key
+from ..protocol import Item, ReplyKind, Status, get_command, validate_key
 from . import forksafe
 from .address import Address
 from .batching import GetBatcher
@@ -102,6 +102,8 @@ class Client(CommandSet):
         self.pipelining = pipelining
         # Per event loop, per node: the pool, its shared connections and the batchers.
         self._lanes_by_loop: dict[asyncio.AbstractEventLoop, list[Lane]] = {}
+        # The placement whose answers are remembered, and those answers (see _node_of).
+        self._placement_memo: tuple[object, dict[bytes, int]] = (None, {})
         self._lock = threading.Lock()
         forksafe.register(self)
         if self.cluster.dynamic:  # autodiscovery: pools follow the node list
@@ -170,8 +172,27 @@ class Client(CommandSet):
 
     def _batcher(self, key: bytes, cas: int) -> GetBatcher:
         """The batcher for ``key``'s node on the running loop (``cas``: 0 get, 1 gets)."""
-        lane = self._lanes()[self.cluster.node_index(key)]
+        lane = self._lanes()[self._node_of(key)]
         return lane.gets if cas else lane.get
+
+    def _node_of(self, key: bytes) -> int:
+        """``key``'s node, remembered: over several nodes, placement hashes the key once
+        per node, which costs more than the rest of a batched get."""
+        cluster = self.cluster
+        if cluster.single_node:
+            return cluster.node_index(key)
+        placement = cluster.placement
+        memo = self._placement_memo
+        if memo[0] is not placement:  # the node list changed: placement is new
+            memo = self._placement_memo = (placement, {})
+        nodes = memo[1]
+        node = nodes.get(key)
+        if node is None:
+            node = placement.node_index(key)
+            if len(nodes) >= _PLACEMENT_MEMO_SIZE:
+                nodes.clear()
+            nodes[key] = node
+        return node
 
     # -- autobatched retrieval ------------------------------------------------------------
     async def get(self, key: bytes) -> Item | None:
@@ -179,7 +200,10 @@ class Client(CommandSet):
 
         With autobatching, the gets of one loop iteration for one node share a request."""
         if not self.autobatching:
-            return await CommandSet.get(self, key)
+            keys = (key,)
+            data = get_command(keys)  # validates the key before it is hashed
+            items = await self._request(self._node_of(key), data, _RETRIEVAL, None, keys)
+            return items[0] if items else None
         validate_key(key)  # before hashing: a str key must not reach the hash
         batcher = self._batcher(key, 0)
         future = batcher.submit(key, self.timeout)
@@ -193,7 +217,10 @@ class Client(CommandSet):
     async def gets(self, key: bytes) -> Item | None:
         """Like :meth:`get`, with the item's CAS token in ``item.cas``."""
         if not self.autobatching:
-            return await CommandSet.gets(self, key)
+            keys = (key,)
+            data = get_command(keys, cas=True)
+            items = await self._request(self._node_of(key), data, _RETRIEVAL, None, keys)
+            return items[0] if items else None
         validate_key(key)
         batcher = self._batcher(key, 1)
         future = batcher.submit(key, self.timeout)
@@ -426,6 +453,11 @@ class Client(CommandSet):
         if self.cluster.discovery is not None:
             self.cluster.discovery.close()
         await asyncio.sleep(0)  # one turn for the transports to finish closing
+
+
+_RETRIEVAL = ReplyKind.RETRIEVAL
+#: Keys whose node is remembered, at most (then forgotten all at once).
+_PLACEMENT_MEMO_SIZE = 16384
 
 
 def _consume(futures: list[asyncio.Future[Any]]) -> None:
