@@ -48,7 +48,11 @@ class Maintenance:
         # A journal file replaced under the process is carried over, and the nodes it
         # names marked out again, in the host-wide states.
         store.journal.node_ids = tuple(store.cluster.node_ids)
-        store.journal.mark_out = store.states.mark_out_by_id
+        store.journal.mark_out = lambda node_id: store.states.mark_out_by_id(node_id)
+        # And a journaled write or a replay reads the directory's node states, not files
+        # removed under the process: a replay marking up a removed file, or a write
+        # journaled by a process still reading one, would split the host in two.
+        store.journal.on_transaction = lambda: follow_state_files(store)
         with self._lock:
             self._stores.add(store)
         self.ensure_running()
@@ -164,6 +168,17 @@ def check_files(store: TieredStore) -> None:
     only during outages) and switch to the directory's files, carrying over what this
     process knew: nodes out, journaled keys. Disk entries written before the switch stop
     answering, host-wide: each side wrote to files the other never read."""
+    follow_state_files(store)
+    try:
+        if store.journal.replaced():  # a stat; the lock only when it was
+            store.journal.carry_over_if_replaced()
+    except DiskError as exc:
+        store._disk_failed(None, exc)
+
+
+def follow_state_files(store: TieredStore) -> None:
+    """The state files part of :func:`check_files` (also run by every journal
+    transaction)."""
     states = store.states
     if states.replaced():
         states.reopen(time.time())
@@ -178,11 +193,6 @@ def check_files(store: TieredStore) -> None:
             "answer (nothing but this process may remove or replace the directory)",
             store.directory,
         )
-    try:
-        if store.journal.replaced():  # a stat; the lock only when it was
-            store.journal.carry_over_if_replaced()
-    except DiskError as exc:
-        store._disk_failed(None, exc)
 
 
 #: The one maintenance thread of the process.

@@ -61,6 +61,10 @@ class Journal:
         #: (:mod:`django_fastcache.maintenance`), for carrying a replaced journal over.
         self.node_ids: tuple[str, ...] = ()
         self.mark_out: Callable[[str], None] | None = None
+        #: Run at the start of every transaction, under the journal's lock: how the node
+        #: states are made current (files replaced under the process) before a journaled
+        #: write or a replay reads them.
+        self.on_transaction: Callable[[], None] | None = None
         #: Times this process found its journal file replaced and carried it over.
         self.carried_over = 0
         forksafe.register(self)
@@ -181,6 +185,8 @@ class Journal:
                 raise DiskError(f"cannot lock the outage journal: {exc}") from exc
             if self.replaced():
                 connection = self._carry_over()
+            if self.on_transaction is not None:
+                self.on_transaction()
             try:
                 yield connection
             except BaseException:

@@ -125,6 +125,8 @@ class NodeStates:
         replayed before they serve again), and every disk entry written before ``now``
         stops answering, host-wide (this process's writes since the split went to files
         the others never saw, and theirs to files this process never saw)."""
+        if not self.replaced():
+            return  # another thread of this process moved first
         old_maps, old_stamps = self._maps, self._stamps
         self.shared = True
         maps, stamps = self._open_all()
