@@ -275,11 +275,15 @@ class _Chaos:
     def _clean(self) -> None:
         """Remove the journal's and the node states' files, as a temp cleaner would."""
         disk = os.path.dirname(self.states.directory)
-        for name in os.listdir(disk):
-            if name.startswith("journal"):
-                os.unlink(os.path.join(disk, name))
-        for name in os.listdir(self.states.directory):
-            os.unlink(os.path.join(self.states.directory, name))
+        doomed = [
+            os.path.join(disk, name) for name in os.listdir(disk) if name.startswith("journal")
+        ]
+        doomed += [
+            os.path.join(self.states.directory, n) for n in os.listdir(self.states.directory)
+        ]
+        for path in doomed:
+            with contextlib.suppress(FileNotFoundError):  # SQLite removes its -wal itself
+                os.unlink(path)
 
     def total(self, slot: int) -> int:
         return sum(self.counters[w * SLOTS + slot] for w in range(self.processes))
