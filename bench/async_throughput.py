@@ -171,15 +171,19 @@ def main() -> None:
         for number in range(args.rounds):
             for count in args.nodes:
                 for config in configs:
-                    rate, cpu = run(
-                        one_run(
-                            config,
-                            servers[:count],
-                            tasks=args.tasks,
-                            seconds=args.seconds,
-                            connections=args.connections,
+                    try:
+                        rate, cpu = run(
+                            one_run(
+                                config,
+                                servers[:count],
+                                tasks=args.tasks,
+                                seconds=args.seconds,
+                                connections=args.connections,
+                            )
                         )
-                    )
+                    except Exception as exc:  # a timeout on a loaded machine: the round is lost
+                        print(f"round {number}, {count} node(s), {config.name}: failed: {exc!r}")
+                        continue
                     print(
                         f"round {number}, {count} node(s), {config.name}: {rate:,.0f} gets/s,"
                         f" {cpu * 1e6:.1f} µs CPU per get",
@@ -196,6 +200,9 @@ def main() -> None:
     for config in configs:
         cells = []
         for count in args.nodes:
+            if (config.name, count) not in best:
+                cells.append("every run failed")
+                continue
             rate, cpu = best[(config.name, count)]
             cells.append(f"{rate / 1000:.1f}k ({cpu * 1e6:.1f} µs CPU)")
         print(f"| {config.name} | " + " | ".join(cells) + " |")

@@ -172,8 +172,12 @@ class Client(CommandSet):
 
     def _batcher(self, key: bytes, cas: int) -> GetBatcher:
         """The batcher for ``key``'s node on the running loop (``cas``: 0 get, 1 gets)."""
-        lane = self._lanes()[self._node_of(key)]
-        return lane.gets if cas else lane.get
+        lanes = self._lanes_by_loop.get(asyncio.get_running_loop())
+        if lanes is None:
+            lanes = self._create_lanes()
+        cluster = self.cluster
+        node = cluster.node_index(key) if cluster.single_node else self._node_of(key)
+        return lanes[node].gets if cas else lanes[node].get
 
     def _node_of(self, key: bytes) -> int:
         """``key``'s node, remembered: over several nodes, placement hashes the key once
