@@ -549,7 +549,9 @@ def test_meta_on_a_server_without_meta_names_the_fix() -> None:
         cache = make(fake.location, FAKE_OPTIONS, protocol="meta")
         with pytest.raises(MetaUnsupportedError, match="'auto' or 'classic'"):
             cache.get_or_set("k", b"v")
-        assert meta_requests(fake) == [b"mg", b"mn"]  # no probe: meta was promised
+        # No probe first: meta was promised. (The request's closing mn may or may not
+        # reach the fake before the client resets the connection.)
+        assert meta_requests(fake)[0] == b"mg"
         assert cache.get("k") is None  # the connection that got ERROR was dropped
 
 

@@ -10,8 +10,10 @@ returns, so all of them ask while the value is still missing or being computed.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import multiprocessing
 import os
+import signal
 import threading
 import time
 import traceback
@@ -22,6 +24,7 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.testing.servers import MemcachedServer
+from tests.conftest import MEMCACHED_ONLY
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +36,18 @@ FORK = multiprocessing.get_context("fork")
 
 
 def make(location: str, options: dict[str, Any]) -> FastCache:
-    # A lease longer than any wait here: a second computation can only be a bug.
+    # A lease longer than any wait here: a second computation can only be a bug. A long
+    # operation timeout: 150 callers on a small machine are no test of timeouts.
     return FastCache(
         location,
-        {"OPTIONS": {**options, "stampede_lease": 120, "stampede_wait": 120}},
+        {
+            "OPTIONS": {
+                **options,
+                "stampede_lease": 120,
+                "stampede_wait": 120,
+                "operation_timeout": 20.0,
+            }
+        },
     )
 
 
@@ -120,6 +131,7 @@ def run_tasks(cache: FastCache, count: int, total: int, start: Any, results: lis
 def fork_callers(
     location: str, options: dict[str, Any], count: int, total: int, start: Any
 ) -> list[Any]:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     processes = [
         FORK.Process(target=process_caller, args=(location, options, total, start, n))
         for n in range(count)
@@ -132,6 +144,12 @@ def fork_callers(
 def process_results(cache: FastCache, processes: list[Any]) -> list[Any]:
     for process in processes:
         process.join(WAIT * 2)
+    for process in processes:
+        if process.exitcode is None:
+            # Stuck: have it print where (the handler is inherited from this process).
+            os.kill(process.pid, signal.SIGUSR1)
+            process.join(2)
+            process.kill()
     assert [process.exitcode for process in processes] == [0] * len(processes)
     found = cache.get_many([f"result-{n}" for n in range(len(processes))])
     return list(found.values())
@@ -168,7 +186,9 @@ def test_asyncio_tasks(memcached: MemcachedServer, tier_options: dict[str, Any])
 
 
 def test_processes(memcached: MemcachedServer, tier_options: dict[str, Any]) -> None:
-    cache = make(memcached.location, tier_options)
+    # This process counts over memcached alone: it starts no disk tier (and none of the
+    # tier's threads) before forking; each child builds its own stack with the options.
+    cache = make(memcached.location, MEMCACHED_ONLY)
     prepare(cache)
     start = FORK.Barrier(CALLERS)
     processes = fork_callers(memcached.location, tier_options, CALLERS, CALLERS, start)
@@ -181,11 +201,12 @@ def test_threads_processes_and_tasks_at_once(
 ) -> None:
     each = 20
     total = 3 * each
-    cache = make(memcached.location, tier_options)
-    prepare(cache)
-    # Processes first: a fork while this process runs threads could copy a held lock.
+    # Processes first, before this process starts any thread (its disk tier's included):
+    # a fork copies no lock another thread holds.
+    prepare(make(memcached.location, MEMCACHED_ONLY))
     start = FORK.Barrier(2 * each + 1)  # the processes, the threads, the loop's thread
     processes = fork_callers(memcached.location, tier_options, each, total, start)
+    cache = make(memcached.location, tier_options)
     thread_results: list[Any] = []
     task_results: list[Any] = []
     threads = [
