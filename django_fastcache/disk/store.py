@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import diskcache
 
 from ..errors import FastCacheError
+from . import forkgate
 
 T = TypeVar("T")
 
@@ -167,20 +168,20 @@ class DiskStore:
     def _waiting(self, operation: Callable[[], T]) -> T:
         """Run a shard operation, again while another process holds the shard's lock.
 
-        A lock is held across a memcached round trip (see :mod:`django_fastcache.tiered`),
-        so it may be held for up to the operation timeout. Giving up after SQLite's short
-        busy timeout would leave the key's disk entry older than memcached's value, so
-        writes keep trying for ``lock_wait`` seconds (each try waits ``timeout``)."""
-        try:
-            return operation()
-        except diskcache.Timeout:
-            deadline = time.monotonic() + self.lock_wait
-        while True:
+        A lock is held for a group commit of the writer behind, or an outage write, so it
+        may be held for a while. Writes keep trying for ``lock_wait`` seconds (each try
+        waits ``timeout``). Every try is a write: no fork meanwhile (see forkgate)."""
+        with forkgate.writing():
             try:
                 return operation()
             except diskcache.Timeout:
-                if time.monotonic() >= deadline:
-                    raise
+                deadline = time.monotonic() + self.lock_wait
+            while True:
+                try:
+                    return operation()
+                except diskcache.Timeout:
+                    if time.monotonic() >= deadline:
+                        raise
 
     @contextlib.contextmanager
     def locked(self, key: bytes) -> Iterator[None]:
@@ -197,16 +198,17 @@ class DiskStore:
             transaction.__enter__()
             return transaction
 
-        with self._failures("lock"):
-            transaction = self._waiting(begin)
-        try:
-            yield
-        except BaseException as exc:
-            with contextlib.suppress(Exception):  # the rollback re-raises ``exc``
-                transaction.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        with self._failures("commit"):
-            transaction.__exit__(None, None, None)
+        with forkgate.writing():  # no fork while the lock is held (see forkgate)
+            with self._failures("lock"):
+                transaction = self._waiting(begin)
+            try:
+                yield
+            except BaseException as exc:
+                with contextlib.suppress(Exception):  # the rollback re-raises ``exc``
+                    transaction.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            with self._failures("commit"):
+                transaction.__exit__(None, None, None)
 
     # -- operations ----------------------------------------------------------------------
     # get and set are on the request path: plain try blocks, no context manager per call.
@@ -325,14 +327,15 @@ class DiskStore:
             transaction.__enter__()
             return transaction
 
-        transaction = self._waiting(begin)
-        try:
-            yield
-        except BaseException as exc:
-            with contextlib.suppress(Exception):  # the rollback re-raises ``exc``
-                transaction.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        transaction.__exit__(None, None, None)
+        with forkgate.writing():  # no fork while the lock is held (see forkgate)
+            transaction = self._waiting(begin)
+            try:
+                yield
+            except BaseException as exc:
+                with contextlib.suppress(Exception):  # the rollback re-raises ``exc``
+                    transaction.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            transaction.__exit__(None, None, None)
 
     def add(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
         """Store only if ``key`` holds nothing (unexpired); True when stored."""
@@ -362,12 +365,12 @@ class DiskStore:
             return bool(self._waiting(lambda: shard.touch(key, expire=ttl, retry=False)))
 
     def clear(self) -> None:
-        with self._failures("clear"):
+        with self._failures("clear"), forkgate.writing():
             self._cache().clear(retry=True)
 
     def cull(self) -> None:
         """Evict down to the size limit and drop expired entries (maintenance work)."""
-        with self._failures("cull"):
+        with self._failures("cull"), forkgate.writing():
             self._cache().expire(retry=False)
             self._cache().cull(retry=False)
 
