@@ -25,8 +25,12 @@ _CHUNK = 256 * 1024
 class _Pipe:
     """One direction of one connection: read, hold for the delay, write."""
 
-    def __init__(self, proxy: DelayProxy, source: socket.socket, sink: socket.socket) -> None:
+    def __init__(
+        self, proxy: DelayProxy, source: socket.socket, sink: socket.socket, replies: bool
+    ) -> None:
         self.proxy = proxy
+        #: Whether this pipe carries the server's replies (else the client's requests).
+        self.replies = replies
         self.source = source
         self.sink = sink
         # (when it may be sent, the bytes); None ends the stream.
@@ -47,7 +51,10 @@ class _Pipe:
                 if not chunk:
                     return
                 self.proxy._held(len(chunk))
-                self.pending.put((time.monotonic() + self.proxy.delay, chunk))
+                delay = self.proxy.delay
+                if self.replies and self.proxy.requests_only:
+                    delay = 0.0
+                self.pending.put((time.monotonic() + delay, chunk))
         finally:
             self.pending.put(None)
 
@@ -89,6 +96,8 @@ class DelayProxy(LoopbackServer):
         #: close) discards them, while after a graceful close they are still delivered,
         #: late, as TCP would retransmit them once the partition heals.
         self.partition = partition
+        #: Hold only the client's requests; the server's replies pass at once.
+        self.requests_only = False
         super().__init__()
         self._sockets: list[socket.socket] = []
         self._pending = 0
@@ -125,6 +134,6 @@ class DelayProxy(LoopbackServer):
         with self._lock:
             self.connections += 1
             self._sockets += [client, server]
-        for pipe in (_Pipe(self, client, server), _Pipe(self, server, client)):
+        for pipe in (_Pipe(self, client, server, False), _Pipe(self, server, client, True)):
             self._spawn(pipe.read)
             self._spawn(pipe.write)
