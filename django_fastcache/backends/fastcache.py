@@ -552,10 +552,10 @@ class FastCache(BaseCache):
             value = self._decode(wire, found[0], found[1])
             return default if value is _REFUSED else value
         wire = self.wire_key(key, version)
-        item = stack.blocking.get_now(wire)
-        if item is None:
+        found = stack.blocking.value_now(wire, True)  # wire keys are valid by construction
+        if found is None:
             return default
-        value = self._decode(wire, item.value, item.flags)
+        value = self._decode(wire, found[0], found[1])
         return default if value is _REFUSED else value
 
     def set(
@@ -675,8 +675,8 @@ class FastCache(BaseCache):
             found = stack.tiered.get_now(wire)
             return found is not None and self._opened(wire, found[0], found[1]) is not None
         wire = self.wire_key(key, version)
-        item = stack.blocking.get_now(wire)
-        return item is not None and self._opened(wire, item.value, item.flags) is not None
+        found = stack.blocking.value_now(wire, True)
+        return found is not None and self._opened(wire, found[0], found[1]) is not None
 
     def clear(self) -> None:
         run_blocking(self._clear(self.blocking_client))
