@@ -170,6 +170,20 @@ class Batch:
         if isinstance(reply, CommandError):
             self._failed(reply)
             return
+        keys = self.keys
+        if len(reply) == len(keys) and len(self._chunks) == 1:
+            # Every key a hit, asked once, answered in order (memcached keeps the request's
+            # order): each caller's item is at its own position; nothing to look up.
+            futures = self.futures
+            if all(item.key == key for item, key in zip(reply, keys)):
+                self._release()
+                if self._cancelled and self.abandoned():
+                    return
+                self._pool.answered(_RETRIEVAL, self.deadline)
+                for item, future in zip(reply, futures):
+                    if not future.done():
+                        future.set_result(item)
+                return
         found = self._found
         for item in reply:
             found[item.key] = item
@@ -186,17 +200,20 @@ class Batch:
         self._errors.update(dict.fromkeys(chunk, error))
         self._answered()
 
+    def _release(self) -> None:
+        """The last line is answered: the connection is free (or, if it broke, forgotten)."""
+        connection = self._connection
+        if connection is not None:  # None only if a write failed before it was set
+            self._pool.release(connection)
+            self._connection = None
+
     def _answered(self) -> None:
         chunks = self._chunks
         if len(chunks) > 1:
             del chunks[0]
             return
-        # The last line is answered: the connection is free (or, if it broke, forgotten).
         pool = self._pool
-        connection = self._connection
-        if connection is not None:  # None only if a write failed before it was set
-            pool.release(connection)
-            self._connection = None
+        self._release()
         if self._cancelled and self.abandoned():
             return  # nobody waits: no outcome to count either (as for a cancelled request)
         found, errors = self._found, self._errors
