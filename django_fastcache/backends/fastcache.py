@@ -177,6 +177,8 @@ def make_serializer(options: FastCacheOptions) -> Serializer:
 
 #: What _decode gives for a value that must not be loaded: a miss.
 _REFUSED: Any = object()
+#: get_or_set called without its default.
+_NO_DEFAULT: Any = object()
 
 
 def _key_bytes(made: str) -> bytes | None:
@@ -685,12 +687,14 @@ class FastCache(BaseCache):
     def get_or_set(
         self,
         key: Any,
-        default: Any,
+        default: Any = _NO_DEFAULT,
         timeout: float | object | None = DEFAULT_TIMEOUT,
         version: int | None = None,
     ) -> Any:
         """Django's get_or_set; on a miss one caller computes ``default`` while the others
         wait for its value (the stampede protection options)."""
+        if default is _NO_DEFAULT:  # Python's own words (compiled, the message differs)
+            raise TypeError("get_or_set() missing 1 required positional argument: 'default'")
         blocking = self.blocking_client
         return run_blocking(
             _leased_get_or_set(
@@ -702,12 +706,14 @@ class FastCache(BaseCache):
     async def aget_or_set(
         self,
         key: Any,
-        default: Any,
+        default: Any = _NO_DEFAULT,
         timeout: float | object | None = DEFAULT_TIMEOUT,
         version: int | None = None,
     ) -> Any:
         """:meth:`get_or_set` on the caller's event loop; ``default`` may also return an
         awaitable."""
+        if default is _NO_DEFAULT:
+            raise TypeError("aget_or_set() missing 1 required positional argument: 'default'")
         return await _leased_get_or_set(
             self, self.client, key, default, timeout, version,
             pause=async_pause, refused=_REFUSED, is_async=True,
