@@ -600,3 +600,53 @@ def test_forked_children_read_the_disk_while_the_parent_lands_writes(
         for thread in threads:
             thread.join(PATIENCE)
     assert outcomes == [0] * 8
+
+
+def test_a_process_still_on_removed_state_files_never_journals_past_a_replay(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """A temp cleaner removes the journal and the node states during a hang. Process A
+    moves to the new files, replays and marks the node up there, and writes; process B,
+    not moved yet, still reads "out" in the removed file. B's next write must not be
+    journaled where no replay will look while memcached keeps A's older value. (Two
+    configurations of one directory in this process stand for the two processes.)"""
+    from django_fastcache.maintenance import check_files, maintenance
+
+    a = make_cache([server.location], disk_directory)
+    b = make_cache([server.location], disk_directory, max_connections=3)
+    tier_a, tier_b = a._shared().tiered, b._shared().tiered
+    assert tier_a is not None
+    assert tier_b is not None
+    assert tier_a is not tier_b
+    for tier in (tier_a, tier_b):
+        maintenance.unregister(tier)  # this test drives both
+    try:
+        a.set("key", "before")
+        _settled(a)
+        server.pause()
+        try:
+            a.get("probe-the-hang")
+            assert node_states(a) == node_states(b) == ["out"]
+            b.set("key", "during")  # journaled
+        finally:
+            server.resume()
+        nodes = os.path.join(disk_directory, "nodes")
+        for path in [os.path.join(nodes, name) for name in os.listdir(nodes)] + [
+            os.path.join(disk_directory, n)
+            for n in os.listdir(disk_directory)
+            if n.startswith("journal")
+        ]:
+            os.unlink(path)
+        check_files(tier_a)  # A moves: the new files, the journal carried over
+        tier_a.replay_settle = 0.0
+        assert tier_a.bring_back(0) == 1
+        assert node_states(a) == ["up"]
+        a.set("key", "after")  # to memcached
+        b.set("key", "latest")  # B still reads "out" in its removed file
+        assert a.get("key") in ("latest", None)
+    finally:
+        for tier in (tier_a, tier_b):
+            maintenance.register(tier)
+    assert wait_for(lambda: node_states(a) == ["up"])
+    assert a.get("key") in ("latest", None)
+    assert b.get("key") in ("latest", None)
