@@ -137,6 +137,7 @@ class _Prefix:
 class _Key:
     def __init__(self, ops: Sequence[Op]) -> None:
         self.ops = sorted(ops, key=lambda op: op.start)
+        self.starts = [op.start for op in self.ops]  # for history(), once per key
         writes = [op for op in ops if _is_write(op)]
         deletes = [op for op in ops if op.kind == DELETE]
         self.by_value: dict[int, list[Op]] = defaultdict(list)
@@ -176,11 +177,12 @@ class _Key:
         if violation.hidden_by is not None:
             first = min(first, violation.hidden_by.start)
         last = violation.read.end
-        starts = [op.start for op in self.ops]
+        starts = self.starts
         lo = max(0, bisect.bisect_left(starts, first) - context)
         hi = min(len(self.ops), bisect.bisect_right(starts, last) + context)
         # Operations begun earlier but still running then matter too (a slow write).
-        running = [op for op in self.ops[:lo] if _end(op) >= first]
+        # (looked for among the 1000 before: a report's context, not a proof)
+        running = [op for op in self.ops[max(0, lo - 1000) : lo] if _end(op) >= first]
         return running + self.ops[lo:hi]
 
 
