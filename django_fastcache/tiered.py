@@ -777,8 +777,10 @@ class TieredStore:
                 return value
             except CommandError:
                 held = await client.get(key)
-                if held is None or not _is_stub(held.value, held.flags):
-                    raise  # not a number
+                if held is not None and not _is_stub(held.value, held.flags):
+                    if not held.value.strip().isdigit():
+                        raise  # not a number
+                    continue  # a stub then, replaced by its value since: count again
                 count = None  # a stub: the value is missing, or on its way back from disk
             if count is not None and count.status is MetaStatus.HD:
                 assert count.value is not None

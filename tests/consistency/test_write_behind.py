@@ -28,6 +28,8 @@ from typing import Any
 import pytest
 
 from django_fastcache.backends import FastCache
+from django_fastcache.bridge import run_blocking
+from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.testing.servers import MemcachedServer
 from django_fastcache.tiered import TieredStore
 from tests.conftest import forget_stacks
@@ -369,3 +371,26 @@ def test_a_forked_child_writes_behind_with_a_writer_of_its_own(
     server.flush()
     assert cache.get("child") == 2
     assert cache.get("queued") == 1
+
+
+def test_an_incr_meeting_a_refills_stub_counts_once_the_value_is_back(
+    server: MemcachedServer, directory: str
+) -> None:
+    # Found by the soak: the increment met a refill's stub (memcached refuses to count
+    # it), and by the time it looked, the refill had put the value back.
+    cache = make(server.location, directory, 0)
+    store = tier(cache)
+    cache.set("n", 5)
+    assert store.flush()
+    server.flush()
+    wire = cache.wire_key("n")
+    lease = run_blocking(store.blocking.meta_get(wire, cas=True, vivify=30))
+    assert lease is not None
+    assert lease.win  # a stub: another caller's refill under way
+
+    def refill_lands() -> None:
+        run_blocking(store.blocking.meta_set(wire, b"5", flags=FLAG_INTEGER, cas=lease.cas))
+
+    client = _Between(store.blocking, "get", refill_lands)
+    assert run_blocking(store.incr(client, wire, 1)) == 6  # type: ignore[arg-type]
+    assert cache.get("n") == 6
