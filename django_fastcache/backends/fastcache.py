@@ -585,13 +585,13 @@ class FastCache(BaseCache):
         try:
             data, flags = self._encode(value, wire)
             stored = blocking.store_now(
-                b"set", wire, data, flags, self.get_backend_timeout(timeout)
+                b"set", wire, data, flags, self.get_backend_timeout(timeout), True
             )
         except ValueTooLargeError:
-            blocking.delete_now(wire)  # the old value must not outlive a failed set
+            blocking.delete_now(wire, True)  # the old value must not outlive a failed set
             raise
         if not stored:
-            blocking.delete_now(wire)
+            blocking.delete_now(wire, True)
 
     def add(
         self,
@@ -606,7 +606,7 @@ class FastCache(BaseCache):
         wire = self.wire_key(key, version)
         data, flags = self._encode(value, wire)
         exptime = self.get_backend_timeout(timeout)
-        if stack.blocking.store_now(b"add", wire, data, flags, exptime):
+        if stack.blocking.store_now(b"add", wire, data, flags, exptime, True):
             return True
         # Refused: unless what holds the key is a lease's stub, which the add replaces.
         ttl = self._ttl(timeout)
@@ -625,7 +625,7 @@ class FastCache(BaseCache):
         stack = self._stack or self._shared()
         if stack.tiered is not None:
             return stack.tiered.delete_now(self.wire_key(key, version))
-        return stack.blocking.delete_now(self.wire_key(key, version))
+        return stack.blocking.delete_now(self.wire_key(key, version), True)
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
         stack = self._stack or self._shared()

@@ -225,18 +225,19 @@ class BlockingConnection:
     ) -> tuple[bytes, int] | tuple[()] | CommandError:
         """The reply to the ``get <key>`` just sent: ``(value, flags)``, :data:`MISS`, or an
         error reply. :meth:`receive_one`, for the flat path's commonest call: a reply that
-        the first read brings whole is read straight from the receive buffer."""
+        the first read brings whole is read in one step (:func:`whole_one_value`)."""
         if self._kernel_timeout != self.timeout and not self._limit_kernel_timeout(deadline):
             raise self._timed_out()
         count = self._recv(0)
         parser = self._parser
+        received = bytes(self._view[:count])
         if parser.idle:
-            found = whole_one_value(self._buffer, count, key, parser.max_value_size)
+            found = whole_one_value(received, key, parser.max_value_size)
             if found is not None:
                 if self._kernel_timeout != self.timeout:
                     self._restore_kernel_timeout()
                 return found
-        parser.feed(self._view[:count])
+        parser.feed(received)
         reply = parser.next_value(key)
         while reply is None:
             if not self._limit_kernel_timeout(deadline):
@@ -625,14 +626,29 @@ class BlockingClient(CommandSet):
             raise self._error_reply(node, _RETRIEVAL, reply)
         return reply if reply else None
 
-    def store_now(self, verb: bytes, key: bytes, value: bytes, flags: int, exptime: int) -> bool:
-        """:meth:`~CommandSet.set` (``verb`` b"set"), ``add`` or ``replace``, as a plain call."""
-        data = storage_command(verb, key, value, flags=flags, exptime=exptime)
+    def store_now(
+        self,
+        verb: bytes,
+        key: bytes,
+        value: bytes,
+        flags: int,
+        exptime: int,
+        checked: bool = False,
+    ) -> bool:
+        """:meth:`~CommandSet.set` (``verb`` b"set"), ``add`` or ``replace``, as a plain call.
+
+        ``checked``: every argument is known valid, as the backend's are (a valid key,
+        verb and exptime, flags below 2**32, ``value`` bytes): the request is put together
+        without checking them again."""
+        if checked:
+            data = b"%s %s %d %d %d\r\n%s\r\n" % (verb, key, flags, exptime, len(value), value)
+        else:
+            data = storage_command(verb, key, value, flags=flags, exptime=exptime)
         return self.request(self.cluster.node_index(key), data, _STORAGE) is Status.STORED
 
-    def delete_now(self, key: bytes) -> bool:
-        """:meth:`~CommandSet.delete`, as a plain call."""
-        data = delete_command(key)
+    def delete_now(self, key: bytes, checked: bool = False) -> bool:
+        """:meth:`~CommandSet.delete`, as a plain call (``checked``: the key is valid)."""
+        data = b"delete " + key + b"\r\n" if checked else delete_command(key)
         return self.request(self.cluster.node_index(key), data, _DELETE) is Status.DELETED
 
     def touch_now(self, key: bytes, exptime: int) -> bool:

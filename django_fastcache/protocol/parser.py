@@ -117,16 +117,20 @@ MISS: tuple[()] = ()
 
 
 def whole_one_value(
-    buffer: bytearray, end: int, key: bytes, max_value_size: int
+    reply: bytes, key: bytes, max_value_size: int
 ) -> tuple[bytes, int] | tuple[()] | None:
-    """``buffer[:end]`` read as exactly one whole reply to ``get <key>``: ``(value, flags)``,
-    or :data:`MISS`; None when it is anything else (incomplete, an error line, a reply
+    """``reply`` read as exactly one whole reply to ``get <key>``: ``(value, flags)``, or
+    :data:`MISS`; None when it is anything else (incomplete, an error line, a reply
     followed by more bytes, anything unusual), for the general parser to read (and to say
     what is wrong, if anything is).
 
-    The sync client's commonest reply, read straight from its receive buffer. Byte by byte,
+    The sync client's commonest reply, read from the bytes of one receive. Byte by byte,
     because compiled that is a few instructions a byte where a regex match and two ``int()``
-    calls cost thousands; it never accepts what the general parser would refuse."""
+    calls cost thousands; it never accepts what the general parser would refuse. ``bytes``,
+    not the connection's bytearray: mypyc reads a bytes index in place, where a bytearray
+    index is a generic ``__getitem__`` call and a boxed int."""
+    buffer = reply
+    end = len(reply)
     if end == 5:
         if (
             buffer[0] == 69  # E
@@ -139,7 +143,7 @@ def whole_one_value(
         return None
     # "VALUE <key> <flags> <bytes>\r\n<data>\r\nEND\r\n": the shortest has 1-digit numbers.
     pos = 6 + len(key)
-    if end < pos + 13 or buffer[pos] != 32 or buffer[:pos] != b"VALUE " + key:
+    if end < pos + 13 or buffer[pos] != 32 or not buffer.startswith(b"VALUE " + key):
         return None
     pos += 1
     flags = 0
@@ -183,7 +187,7 @@ def whole_one_value(
         or buffer[data_end + 6] != 10
     ):
         return None
-    return bytes(buffer[start:data_end]), flags
+    return buffer[start:data_end], flags
 
 
 class ReplyParser:
