@@ -171,11 +171,17 @@ def test_a_pickle_planted_on_disk_is_refused(
     cache.set("k", "genuine")
     tiered = cache._shared().tiered
     assert tiered is not None
+    assert tiered.flush()  # its disk copy is written behind
     memcached.flush()  # memcached misses: the disk tier answers (and refills)
     assert cache.get("k") == "genuine"
     memcached.flush()
-    tiered.disk.set(cache.wire_key("k"), pickle.dumps(Payload()), FLAG_PICKLE, None)
+    # Planted under the key's current write stamp, so that only the seal can refuse it.
+    wire = cache.wire_key("k")
+    stamp = tiered.stamps.current(wire)
+    tiered.disk.set(wire, pickle.dumps(Payload()), FLAG_PICKLE, None, stamp=stamp)
+    refused = cache.refused_values
     assert cache.get("k") is None
+    assert cache.refused_values == refused + 1  # read from disk, and refused by the seal
 
 
 def test_a_decompression_bomb_is_refused_within_the_value_limit(
