@@ -207,10 +207,10 @@ class TieredStore:
             # in any process. (Deleting it would need the disk that just failed.)
             self.stamps.bump(key, gone=True)
 
-    def _behind_failed(self, error: DiskError) -> None:
+    def _behind_failed(self, error: DiskError, writes: int) -> None:
         # The writes were stamped before they were queued: their keys miss, nothing older
-        # answers. Only counted and logged here.
-        self.metrics.disk_failures += 1
+        # answers. Only counted (each write lost) and logged here.
+        self.metrics.disk_failures += writes
         self._log_disk_failure(error)
 
     def _log_disk_failure(self, error: BaseException | None) -> None:

@@ -46,7 +46,7 @@ class WriteBehind:
         *,
         interval: float = INTERVAL,
         max_queue: int = MAX_QUEUE,
-        on_failure: Callable[[DiskError], None] | None = None,
+        on_failure: Callable[[DiskError, int], None] | None = None,
     ) -> None:
         self.disk = disk
         self.stamps = stamps
@@ -169,7 +169,7 @@ class WriteBehind:
                 self.failed += len(writes)
                 if self._on_failure is not None:
                     with contextlib.suppress(Exception):
-                        self._on_failure(exc)
+                        self._on_failure(exc, len(writes))
             except Exception:  # the thread must go on, whatever one batch did
                 self.failed += len(writes)
             else:

@@ -118,6 +118,7 @@ def test_disk_tier_failures_are_logged_once_a_minute(
         for n in range(5):
             cache.set(f"k{n}", n)
             assert cache.get(f"k{n}") == n  # memcached's answers stand
+        cache._shared().tiered.flush()  # the writer behind meets the failures
     failed = messages(caplog, f"the disk tier at {disk_directory} failed")
     assert len(failed) == 1, caplog.text
     assert "DiskError" in failed[0]
