@@ -51,6 +51,7 @@ class Connection(asyncio.Protocol):
         "_outgoing",
         "_parser",
         "_pending",
+        "_tls_unanswered",
         "_transport",
         "_watchdog",
         "address",
@@ -72,6 +73,10 @@ class Connection(asyncio.Protocol):
         # re-armed when it fires early: no timer is created or cancelled per request.
         self._watchdog: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
+        # A TLS connection that has not received a byte yet: a reset now is the server
+        # refusing the session (under TLS 1.3 a client certificate is judged after the
+        # handshake, and the alert may be lost to the reset).
+        self._tls_unanswered = False
         self._closed_error: BaseException | None = None
         self.last_used = time.monotonic()
         # Requests made with request_soon in this turn of the loop, written together.
@@ -84,8 +89,10 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self._transport = cast(asyncio.Transport, transport)
+        self._tls_unanswered = transport.get_extra_info("ssl_object") is not None
 
     def data_received(self, data: bytes) -> None:
+        self._tls_unanswered = False
         parser = self._parser
         pending = self._pending
         if not pending:
@@ -121,7 +128,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._closed_error is None:
-            if isinstance(exc, ssl.SSLError):
+            if isinstance(exc, ssl.SSLError) or (
+                self._tls_unanswered and isinstance(exc, ConnectionResetError)
+            ):
                 self._closed_error = tls_session_error(self.address, exc)
             else:
                 self._closed_error = ConnectionLostError(

@@ -231,7 +231,7 @@ def tls_error(address: object, hostname: str | None, exc: ssl.SSLError) -> TLSEr
     )
 
 
-def tls_session_error(address: object, exc: ssl.SSLError) -> TLSError:
+def tls_session_error(address: object, exc: ssl.SSLError | OSError) -> TLSError:
     """The error for a TLS session with ``address`` that broke after the handshake: under
     TLS 1.3 that is how memcached refuses a client's certificate (or the lack of one)."""
     reason = getattr(exc, "reason", None) or exc

@@ -145,36 +145,16 @@ def whole_one_value(
     pos = 6 + len(key)
     if end < pos + 13 or buffer[pos] != 32 or not buffer.startswith(b"VALUE " + key):
         return None
-    pos += 1
-    flags = 0
-    digits_end = pos + 10  # flags are 32-bit: at most 10 digits
-    byte = buffer[pos]
-    if not 48 <= byte <= 57:
+    flags, pos = _digits(buffer, pos + 1, end, 10)  # flags are 32-bit: at most 10 digits
+    if pos < 0 or buffer[pos] != 32 or flags > _UINT32_MAX:
         return None
-    while 48 <= byte <= 57:
-        if pos == digits_end or pos + 1 >= end:
-            return None
-        flags = flags * 10 + byte - 48
-        pos += 1
-        byte = buffer[pos]  # in bounds: the reply's tail follows
-    if byte != 32 or flags > _UINT32_MAX:
+    length, pos = _digits(buffer, pos + 1, end, 20)
+    if pos < 0:
         return None
-    pos += 1
-    length = 0
-    digits_end = pos + 20
-    byte = buffer[pos]
-    if not 48 <= byte <= 57:
-        return None
-    while 48 <= byte <= 57:
-        if pos == digits_end or pos + 1 >= end:
-            return None
-        length = length * 10 + byte - 48
-        pos += 1
-        byte = buffer[pos]
     start = pos + 2
     data_end = start + length
     if (
-        byte != 13
+        buffer[pos] != 13
         or buffer[pos + 1] != 10
         or length > max_value_size
         or data_end + 7 != end
@@ -188,6 +168,23 @@ def whole_one_value(
     ):
         return None
     return buffer[start:data_end], flags
+
+
+def _digits(reply: bytes, pos: int, end: int, most: int) -> tuple[int, int]:
+    """The decimal number at ``reply[pos]`` (1 to ``most`` digits) and the position after
+    it, which is inside ``reply[:end - 1]``; ``(0, -1)`` when there is no such number."""
+    value = 0
+    first = pos
+    byte = reply[pos]
+    while 48 <= byte <= 57:
+        if pos - first == most or pos + 1 >= end:
+            return 0, -1
+        value = value * 10 + byte - 48
+        pos += 1
+        byte = reply[pos]
+    if pos == first:
+        return 0, -1
+    return value, pos
 
 
 class ReplyParser:
