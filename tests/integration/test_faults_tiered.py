@@ -422,6 +422,10 @@ def test_a_set_slowed_in_flight_racing_a_delete_leaves_the_tiers_in_step(
             assert quick.get("counter") is None
             return
         assert incremented == 101
+        # Written behind: once the disk copies have landed (a read before that is a miss,
+        # never an older value), the outage must answer the increment.
+        landed(slow)
+        landed(quick)
         server.kill()
         assert quick.get("counter") == incremented
 
