@@ -319,8 +319,10 @@ class TLSConnection(BlockingConnection):
         try:
             super().send(data, deadline)
         except ConnectionLostError as exc:
-            if isinstance(exc.__cause__, ssl.SSLError):
-                raise self._tls_failed(exc.__cause__) from exc.__cause__
+            # __context__ too: compiled by mypyc, ``raise ... from`` left only the context.
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ssl.SSLError):
+                raise self._tls_failed(cause) from cause
             raise
 
     def _tls_failed(self, exc: ssl.SSLError) -> TLSError:
