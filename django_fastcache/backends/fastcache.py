@@ -656,7 +656,7 @@ class FastCache(BaseCache):
             return run_blocking(self._incr(stack.blocking, key, delta, version))
         wire = self.wire_key(key, version)
         try:
-            value = stack.blocking.incr_now(wire, delta)
+            value = stack.blocking.incr_now(wire, delta, True)
         except NonIntegerValueError:
             raise
         except ClientError as exc:

@@ -63,6 +63,8 @@ _RECV_SIZE = 64 * 1024
 # full socket receive buffer, never an endless stream.
 _LATE_READS = 128
 
+_UINT64_MAX = 2**64 - 1
+
 # SO_LINGER on, for 0 seconds: close() resets the connection.
 _ABORT_LINGER = struct.pack("ii", 1, 0)
 
@@ -658,10 +660,17 @@ class BlockingClient(CommandSet):
         data = touch_command(key, exptime)
         return self.request(self.cluster.node_index(key), data, _TOUCH) is Status.TOUCHED
 
-    def incr_now(self, key: bytes, delta: int) -> int | None:
+    def incr_now(self, key: bytes, delta: int, checked: bool = False) -> int | None:
         """:meth:`~CommandSet.incr` (``delta`` >= 0) or ``decr`` (``delta`` < 0), as a
-        plain call: the new value, or None when ``key`` does not exist."""
-        data = decr_command(key, -delta) if delta < 0 else incr_command(key, delta)
+        plain call: the new value, or None when ``key`` does not exist. ``checked``: the
+        key is valid (``delta`` is still checked: it comes from the caller)."""
+        if checked and type(delta) is int and -_UINT64_MAX <= delta <= _UINT64_MAX:
+            if delta < 0:
+                data = b"decr %s %d\r\n" % (key, -delta)
+            else:
+                data = b"incr %s %d\r\n" % (key, delta)
+        else:
+            data = decr_command(key, -delta) if delta < 0 else incr_command(key, delta)
         reply = self.request(self.cluster.node_index(key), data, _ARITHMETIC)
         return None if reply is Status.NOT_FOUND else int(reply)
 
