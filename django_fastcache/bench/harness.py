@@ -185,7 +185,7 @@ def build_header(
 ) -> list[tuple[str, str | list[str]]]:
     workload = options.workload
     header: list[tuple[str, str | list[str]]] = [
-        ("Date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        ("Date", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")),
         ("cachebench", f"django-fastcache {__version__}"),
         *environment.machine_fields(),
         (

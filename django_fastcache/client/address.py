@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -66,6 +67,25 @@ class Address:
     @property
     def is_unix(self) -> bool:
         return self.path is not None
+
+    def open_blocking(self, timeout: float) -> socket.socket:
+        """A stream socket connected to this address, in blocking mode with ``timeout``.
+
+        The connect's own ``OSError`` or ``TimeoutError`` propagates: callers name the
+        failure for what they were connecting to.
+        """
+        if self.path is None:
+            assert self.host is not None
+            assert self.port is not None
+            return socket.create_connection((self.host, self.port), timeout)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(self.path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     @property
     def node_id(self) -> str:

@@ -374,18 +374,8 @@ class TLSConnection(BlockingConnection):
 def _open_socket(address: Address, connect_timeout: float) -> socket.socket:
     """A socket connected to ``address``, in blocking mode no longer than connect_timeout."""
     try:
-        if address.path is not None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(connect_timeout)
-            try:
-                sock.connect(address.path)
-            except BaseException:
-                sock.close()
-                raise
-        else:
-            assert address.host is not None
-            assert address.port is not None
-            sock = socket.create_connection((address.host, address.port), connect_timeout)
+        sock = address.open_blocking(connect_timeout)
+        if address.path is None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except TimeoutError:
         raise OperationTimeoutError(

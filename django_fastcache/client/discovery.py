@@ -56,18 +56,7 @@ def fetch_config(
     ``security`` has it (an ElastiCache cluster with in-transit encryption wants it on the
     configuration endpoint too). Authentication is for nodes, not endpoints."""
     try:
-        if address.path is not None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(connect_timeout)
-            try:
-                sock.connect(address.path)
-            except BaseException:
-                sock.close()
-                raise
-        else:
-            assert address.host is not None
-            assert address.port is not None
-            sock = socket.create_connection((address.host, address.port), connect_timeout)
+        sock = address.open_blocking(connect_timeout)
     except TimeoutError:
         raise OperationTimeoutError(
             f"connecting to the configuration endpoint {address} took longer than "

@@ -167,19 +167,10 @@ class Rendezvous(Placement):
 
         Only nodes that own at least one of the keys appear.
         """
-        if len(self._order) == 1:
+        if len(self._order) == 1:  # one node owns everything: no hashing
             single = list(keys)
             return {self._order[0]: single} if single else {}
-        groups: dict[int, list[bytes]] = {}
-        node_index = self.node_index
-        for key in keys:
-            index = node_index(key)
-            bucket = groups.get(index)
-            if bucket is None:
-                groups[index] = [key]
-            else:
-                bucket.append(key)
-        return groups
+        return super().group(keys)
 
     def __repr__(self) -> str:
         return f"Rendezvous({list(self._ids)!r})"
