@@ -435,3 +435,81 @@ def test_a_batch_whose_callers_are_all_cancelled_frees_its_connection(
     metrics, after = run(scenario())
     assert (metrics["open"], metrics["closed"]) == (0, 1)
     assert after == Item(b"k2", b"value-2", 0, None)
+
+
+# -- one batch in flight per node: later gets wait for its reply, then go together --------
+
+
+def test_gets_made_while_a_batch_is_in_flight_go_out_together_after_its_reply(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    fake.script(Action.SLOW)  # the first batch is answered after slow_delay
+
+    async def scenario() -> list[Any]:
+        client = Client([fake.location], timeout=2.0)
+        try:
+            first = asyncio.ensure_future(client.get(b"k1"))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # "get k1" is on the wire
+            # Gets of three later turns, each of which would have been a request of its own.
+            later = [asyncio.ensure_future(client.get(b"k2"))]
+            await asyncio.sleep(0)
+            later.append(asyncio.ensure_future(client.get(b"k3")))
+            await asyncio.sleep(0)
+            later.append(asyncio.ensure_future(client.get(b"missing")))
+            return await asyncio.gather(first, *later)
+        finally:
+            await client.aclose()
+
+    assert run(scenario()) == [
+        Item(b"k1", b"value-1", 0, None),
+        Item(b"k2", b"value-2", 0, None),
+        Item(b"k3", b"value-3", 0, None),
+        None,
+    ]
+    assert get_lines(fake) == [b"get k1", b"get k2 k3 missing"]
+
+
+def test_a_batch_in_flight_that_fails_lets_the_held_one_go(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    fake.script(Action.CLOSE)  # the first batch's connection is dropped unanswered
+
+    async def scenario() -> tuple[Any, Any]:
+        client = Client([fake.location], timeout=2.0)
+        try:
+            first = asyncio.ensure_future(client.get(b"k1"))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # on the wire
+            held = asyncio.ensure_future(client.get(b"k2"))
+            outcome = await asyncio.gather(first, return_exceptions=True)
+            return outcome[0], await held
+        finally:
+            await client.aclose()
+
+    failed, answered = run(scenario())
+    assert isinstance(failed, ConnectionLostError)
+    assert answered == Item(b"k2", b"value-2", 0, None)
+
+
+def test_a_held_batch_whose_callers_are_cancelled_sends_nothing(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    fake.script(Action.SLOW)
+
+    async def scenario() -> tuple[Any, Any]:
+        client = Client([fake.location], timeout=2.0)
+        try:
+            first = asyncio.ensure_future(client.get(b"k1"))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # on the wire
+            held = asyncio.ensure_future(client.get(b"k2"))
+            await asyncio.sleep(0)  # submitted: held behind "get k1"
+            held.cancel()
+            await asyncio.gather(held, return_exceptions=True)
+            return await first, await client.get(b"k3")
+        finally:
+            await client.aclose()
+
+    assert run(scenario()) == (Item(b"k1", b"value-1", 0, None), Item(b"k3", b"value-3", 0, None))
+    assert get_lines(fake) == [b"get k1", b"get k3"]
