@@ -211,13 +211,19 @@ class Batch:
             # Every key a hit, asked once, answered in order (memcached keeps the request's
             # order): each caller's item is at its own position; nothing to look up.
             futures = self.futures
-            if all(item.key == key for item, key in zip(reply, keys)):
+            if [item[0] for item in reply] == keys:  # item[0]: the key
                 self._release()
                 if not (self._cancelled and self.abandoned()):
                     self._pool.answered(_RETRIEVAL, self.deadline)
-                    for item, future in zip(reply, futures):
-                        if not future.done():
+                    try:
+                        for item, future in zip(reply, futures):
                             future.set_result(item)
+                    except asyncio.InvalidStateError:
+                        # A caller cancelled just now (its except clause has not run yet):
+                        # the others, those before it included, are set or get set here.
+                        for item, future in zip(reply, futures):
+                            if not future.done():
+                                future.set_result(item)
                 self._batcher.finished()
                 return
         found = self._found

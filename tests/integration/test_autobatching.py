@@ -513,3 +513,57 @@ def test_a_held_batch_whose_callers_are_cancelled_sends_nothing(
 
     assert run(scenario()) == (Item(b"k1", b"value-1", 0, None), Item(b"k3", b"value-3", 0, None))
     assert get_lines(fake) == [b"get k1", b"get k3"]
+
+
+def test_a_caller_cancelled_as_the_reply_arrives_is_skipped_and_the_others_answered() -> None:
+    # The race no scenario can time: a caller's future is cancelled (its task was
+    # cancelled) in the turn its batch's reply is read, before its task could tell the
+    # batch. The reply goes to everyone else, before and after it.
+    from django_fastcache.client.address import parse_address
+    from django_fastcache.client.batching import Batch, GetBatcher
+    from django_fastcache.client.pool import Pool, PoolSettings
+
+    async def scenario() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        pool = Pool(parse_address("127.0.0.1:9"), PoolSettings(), loop)
+        batcher = GetBatcher(pool)
+        batch = Batch(batcher, loop.time() + 1)
+        items = [Item(k, b"v-" + k, 0, None) for k in (b"a", b"b", b"c")]
+        for item in items:
+            batch.keys.append(item.key)
+            batch.futures.append(loop.create_future())
+        batcher._in_flight = 1  # as if sent
+        batch.futures[1].cancel()
+        batch.set_result(items)
+        return [None if f.cancelled() else f.result() for f in batch.futures]
+
+    items = asyncio.run(scenario())
+    assert items == [Item(b"a", b"v-a", 0, None), None, Item(b"c", b"v-c", 0, None)]
+
+
+def test_keys_that_are_not_bytes_fail_as_invalid_keys_before_and_after_a_good_one(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    # A key asked for before is remembered as checked: what is not exactly bytes is
+    # checked every time (and an unhashable one must not fail with a TypeError).
+    class Key(bytes):
+        pass
+
+    async def scenario() -> list[Any]:
+        client = Client([fake.location], timeout=TIMEOUT)
+        try:
+            first = await client.get(b"k1")
+            bad = await asyncio.gather(
+                client.get("k1"),  # type: ignore[arg-type]
+                client.get(["k1"]),  # type: ignore[arg-type]
+                client.get(bytearray(b"k1")),  # type: ignore[arg-type]
+                client.get(b"k 1"),
+                return_exceptions=True,
+            )
+            return [first, *bad, await client.get(Key(b"k1")), await client.get(b"k1")]
+        finally:
+            await client.aclose()
+
+    first, *bad, subclass, again = run(scenario())
+    assert [type(error) for error in bad] == [InvalidKeyError] * 4
+    assert first == subclass == again == Item(b"k1", b"value-1", 0, None)
