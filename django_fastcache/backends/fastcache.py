@@ -112,6 +112,8 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
         max_connections=options.max_connections,
         idle_timeout=options.idle_timeout,
         latency_metrics=options.latency_metrics,
+        autobatching=options.autobatching,
+        pipelining=options.pipelining,
         # Replies may carry values other clients stored, up to the server's limit.
         max_value_size=max(options.max_value_size, 1024 * 1024) + 1024,
         placement=options.placement,

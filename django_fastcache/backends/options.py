@@ -41,6 +41,12 @@ class FastCacheOptions:
     #: places them (``"ketama"``, ``"ketama_md5"``, ``"ketama_weighted"``: pylibmc's ketama
     #: behaviours; ``"emcache"``), so a cache that client filled stays warm. docs/placement.md.
     placement: str = "rendezvous"
+    #: The async API (``aget`` …): concurrent ``aget`` calls of one event-loop iteration
+    #: for one node go out as one ``get k1 k2 …`` request. docs/async-client.md.
+    autobatching: bool = True
+    #: The async API: concurrent requests for one node share connections, pipelined,
+    #: rather than each waiting for a connection of its own. docs/async-client.md.
+    pipelining: bool = True
     #: LOCATION names configuration endpoints (ElastiCache, Memorystore) whose node list
     #: ``config get cluster`` reads, and keeps current in the background.
     autodiscovery: bool = False
@@ -245,6 +251,8 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
     boolean("sign_values")
     boolean("latency_metrics")
     boolean("autodiscovery")
+    boolean("autobatching")
+    boolean("pipelining")
     if "placement" in raw and raw["placement"] not in PLACEMENTS:
         problems.append(
             OptionProblem(

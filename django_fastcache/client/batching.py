@@ -6,6 +6,14 @@ verb) collects those keys, and a callback scheduled for the next turn sends them
 ``get k1 k2 …`` lines (up to ``MULTI_GET_CHUNK`` keys each, pipelined in one write) on one
 connection of the node's pool. Each caller awaits its own future, which the reply resolves.
 
+While one batch of a node is in flight (``BATCHES_IN_FLIGHT``), the gets of later turns are
+held and go as one batch once its reply is read (or it fails), after the callers it answered
+have had their turn to ask again. Without the hold, callers spread over several nodes drift
+apart: each node's reply wakes a few of them, and each turn sends a few small requests to
+every node (a mean of 4.6 keys per request with 32 tasks over 4 nodes, against 6.1 with it);
+each request costs a send and a receive on both sides. A lone caller is never held: with
+nothing in flight its get goes at the next turn, as before.
+
 What each caller sees is what a lone ``get`` would give it:
 
 - a key asked for twice is sent once, and both callers get its item;
@@ -33,6 +41,8 @@ from .pool import Pool
 
 #: Keys per ``get`` line (the lines of a batch are pipelined in one write).
 BATCH_CHUNK = 100
+#: Batches of one batcher sent and not answered yet, at most: further gets wait for a reply.
+BATCHES_IN_FLIGHT = 1
 
 _RETRIEVAL = ReplyKind.RETRIEVAL
 _CRLF = b"\r\n"
@@ -41,10 +51,17 @@ _CRLF = b"\r\n"
 class GetBatcher:
     """Collects one node's single-key gets (or gets with CAS) for one event loop."""
 
-    __slots__ = ("_loop", "_pool", "_tasks", "_verb", "current")
+    __slots__ = ("_held", "_in_flight", "_limit", "_loop", "_pool", "_tasks", "_verb", "current")
 
-    def __init__(self, pool: Pool, *, cas: bool = False) -> None:
+    def __init__(
+        self, pool: Pool, *, cas: bool = False, in_flight: int = BATCHES_IN_FLIGHT
+    ) -> None:
         self._pool = pool
+        self._limit = in_flight
+        # Batches sent (or waiting for a connection) and not answered yet.
+        self._in_flight = 0
+        # Whether :attr:`current` waits for a batch in flight to be answered before it goes.
+        self._held = False
         self._loop = pool.loop
         self._verb = b"gets " if cas else b"get "
         #: The batch the keys submitted in this turn of the loop join (None: no flush is
@@ -61,8 +78,11 @@ class GetBatcher:
             loop = self._loop
             # The first caller of the batch sets its deadline: later callers of the same
             # turn have later deadlines of their own, so none waits past its timeout.
-            batch = self.current = Batch(self._pool, loop.time() + timeout)
-            loop.call_soon(self._flush)
+            batch = self.current = Batch(self, loop.time() + timeout)
+            if self._in_flight < self._limit:
+                loop.call_soon(self._flush)
+            else:
+                self._held = True  # sent once a batch in flight is answered
         future: asyncio.Future[Item | None] = self._loop.create_future()
         batch.keys.append(key)
         batch.futures.append(future)
@@ -74,6 +94,7 @@ class GetBatcher:
         self.current = None
         if batch.abandoned():
             return  # every caller was cancelled before anything was sent
+        self._in_flight += 1
         connection = self._pool.try_acquire()
         if connection is not None:
             batch.send(connection, self._verb)
@@ -90,15 +111,27 @@ class GetBatcher:
         except asyncio.CancelledError:
             for future in batch.futures:
                 future.cancel()
+            self.finished()
             raise
         except Exception as exc:
             pool.failed(_RETRIEVAL, exc)
             _fail(batch.futures, exc)
+            self.finished()
             return
         if batch.abandoned():
             pool.release(connection)
+            self.finished()
             return
         batch.send(connection, self._verb)
+
+    def finished(self) -> None:
+        """A batch in flight is answered (or failed): a held batch may go. It goes in a
+        later callback, after the wake-ups of the callers just answered, so that the gets
+        they make next join it."""
+        self._in_flight -= 1
+        if self._held:
+            self._held = False
+            self._loop.call_soon(self._flush)
 
 
 class Batch:
@@ -107,6 +140,7 @@ class Batch:
     last line is answered."""
 
     __slots__ = (
+        "_batcher",
         "_cancelled",
         "_chunks",
         "_connection",
@@ -118,8 +152,9 @@ class Batch:
         "keys",
     )
 
-    def __init__(self, pool: Pool, deadline: float) -> None:
-        self._pool = pool
+    def __init__(self, batcher: GetBatcher, deadline: float) -> None:
+        self._batcher = batcher
+        self._pool = batcher._pool
         self.deadline = deadline
         # The callers, in order: a key appears once per caller.
         self.keys: list[bytes] = []
@@ -159,6 +194,7 @@ class Batch:
         except FastCacheError as exc:
             self._pool.release(connection)  # closed already: the pool lets it go
             _fail(self.futures, exc)
+            self._batcher.finished()
             return
         self._connection = connection
 
@@ -175,14 +211,20 @@ class Batch:
             # Every key a hit, asked once, answered in order (memcached keeps the request's
             # order): each caller's item is at its own position; nothing to look up.
             futures = self.futures
-            if all(item.key == key for item, key in zip(reply, keys)):
+            if [item[0] for item in reply] == keys:  # item[0]: the key
                 self._release()
-                if self._cancelled and self.abandoned():
-                    return
-                self._pool.answered(_RETRIEVAL, self.deadline)
-                for item, future in zip(reply, futures):
-                    if not future.done():
-                        future.set_result(item)
+                if not (self._cancelled and self.abandoned()):
+                    self._pool.answered(_RETRIEVAL, self.deadline)
+                    try:
+                        for item, future in zip(reply, futures):
+                            future.set_result(item)
+                    except asyncio.InvalidStateError:
+                        # A caller cancelled just now (its except clause has not run yet):
+                        # the others, those before it included, are set or get set here.
+                        for item, future in zip(reply, futures):
+                            if not future.done():
+                                future.set_result(item)
+                self._batcher.finished()
                 return
         found = self._found
         for item in reply:
@@ -212,10 +254,14 @@ class Batch:
         if len(chunks) > 1:
             del chunks[0]
             return
-        pool = self._pool
         self._release()
-        if self._cancelled and self.abandoned():
-            return  # nobody waits: no outcome to count either (as for a cancelled request)
+        if not (self._cancelled and self.abandoned()):
+            # else nobody waits: no outcome to count either (as for a cancelled request)
+            self._resolve()
+        self._batcher.finished()
+
+    def _resolve(self) -> None:
+        pool = self._pool
         found, errors = self._found, self._errors
         if errors is None:
             pool.answered(_RETRIEVAL, self.deadline)

@@ -22,7 +22,6 @@ from ..errors import CommandError, ConnectionLostError, FastCacheError, InvalidA
 from ..protocol import Item, ReplyKind, Status, get_command, validate_key
 from . import forksafe
 from .address import Address
-from .batching import GetBatcher
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection
@@ -102,8 +101,10 @@ class Client(CommandSet):
         self.pipelining = pipelining
         # Per event loop, per node: the pool, its shared connections and the batchers.
         self._lanes_by_loop: dict[asyncio.AbstractEventLoop, list[Lane]] = {}
-        # The placement whose answers are remembered, and those answers (see _node_of).
+        # The placement whose answers are remembered, and those answers (see _node_of),
+        # and the same for keys checked too (see _checked_node_of).
         self._placement_memo: tuple[object, dict[bytes, int]] = (None, {})
+        self._checked_memo: tuple[object, dict[bytes, int]] = (None, {})
         self._lock = threading.Lock()
         forksafe.register(self)
         if self.cluster.dynamic:  # autodiscovery: pools follow the node list
@@ -170,15 +171,6 @@ class Client(CommandSet):
                 del self._lanes_by_loop[old_loop]
             return self._lanes_by_loop.setdefault(pools[0].loop, lanes)
 
-    def _batcher(self, key: bytes, cas: int) -> GetBatcher:
-        """The batcher for ``key``'s node on the running loop (``cas``: 0 get, 1 gets)."""
-        lanes = self._lanes_by_loop.get(asyncio.get_running_loop())
-        if lanes is None:
-            lanes = self._create_lanes()
-        cluster = self.cluster
-        node = cluster.node_index(key) if cluster.single_node else self._node_of(key)
-        return lanes[node].gets if cas else lanes[node].get
-
     def _node_of(self, key: bytes) -> int:
         """``key``'s node, remembered: over several nodes, placement hashes the key once
         per node, which costs more than the rest of a batched get."""
@@ -198,6 +190,27 @@ class Client(CommandSet):
             nodes[key] = node
         return node
 
+    def _checked_node_of(self, key: bytes) -> int:
+        """``key``'s node, once ``key`` is checked: a key remembered here was checked when
+        it was first seen, so a key asked for again costs one dict lookup (validation and
+        placement together cost several times that)."""
+        placement = self.cluster.placement
+        memo = self._checked_memo
+        if memo[0] is not placement:  # the node list changed: placement is new
+            memo = self._checked_memo = (placement, {})
+        nodes = memo[1]
+        # Only exact bytes are remembered: anything else (a str, an unhashable object)
+        # goes to validate_key, which says what is wrong with it.
+        node = nodes.get(key) if key.__class__ is bytes else None
+        if node is None:
+            validate_key(key)  # before hashing: a str key must not reach the hash
+            node = self.cluster.node_index(key)
+            if key.__class__ is bytes:
+                if len(nodes) >= _PLACEMENT_MEMO_SIZE:
+                    nodes.clear()
+                nodes[key] = node
+        return node
+
     # -- autobatched retrieval ------------------------------------------------------------
     async def get(self, key: bytes) -> Item | None:
         """The item (``value``, ``flags``) stored under ``key``, or None.
@@ -208,8 +221,11 @@ class Client(CommandSet):
             data = get_command(keys)  # validates the key before it is hashed
             items = await self._request(self._node_of(key), data, _RETRIEVAL, None, keys)
             return items[0] if items else None
-        validate_key(key)  # before hashing: a str key must not reach the hash
-        batcher = self._batcher(key, 0)
+        node = self._checked_node_of(key)
+        lanes = self._lanes_by_loop.get(asyncio.get_running_loop())
+        if lanes is None:
+            lanes = self._create_lanes()
+        batcher = lanes[node].get
         future = batcher.submit(key, self.timeout)
         batch = batcher.current
         try:
@@ -225,8 +241,11 @@ class Client(CommandSet):
             data = get_command(keys, cas=True)
             items = await self._request(self._node_of(key), data, _RETRIEVAL, None, keys)
             return items[0] if items else None
-        validate_key(key)
-        batcher = self._batcher(key, 1)
+        node = self._checked_node_of(key)
+        lanes = self._lanes_by_loop.get(asyncio.get_running_loop())
+        if lanes is None:
+            lanes = self._create_lanes()
+        batcher = lanes[node].gets
         future = batcher.submit(key, self.timeout)
         batch = batcher.current
         try:

@@ -435,3 +435,135 @@ def test_a_batch_whose_callers_are_all_cancelled_frees_its_connection(
     metrics, after = run(scenario())
     assert (metrics["open"], metrics["closed"]) == (0, 1)
     assert after == Item(b"k2", b"value-2", 0, None)
+
+
+# -- one batch in flight per node: later gets wait for its reply, then go together --------
+
+
+def test_gets_made_while_a_batch_is_in_flight_go_out_together_after_its_reply(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    fake.script(Action.SLOW)  # the first batch is answered after slow_delay
+
+    async def scenario() -> list[Any]:
+        client = Client([fake.location], timeout=2.0)
+        try:
+            first = asyncio.ensure_future(client.get(b"k1"))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # "get k1" is on the wire
+            # Gets of three later turns, each of which would have been a request of its own.
+            later = [asyncio.ensure_future(client.get(b"k2"))]
+            await asyncio.sleep(0)
+            later.append(asyncio.ensure_future(client.get(b"k3")))
+            await asyncio.sleep(0)
+            later.append(asyncio.ensure_future(client.get(b"missing")))
+            return await asyncio.gather(first, *later)
+        finally:
+            await client.aclose()
+
+    assert run(scenario()) == [
+        Item(b"k1", b"value-1", 0, None),
+        Item(b"k2", b"value-2", 0, None),
+        Item(b"k3", b"value-3", 0, None),
+        None,
+    ]
+    assert get_lines(fake) == [b"get k1", b"get k2 k3 missing"]
+
+
+def test_a_batch_in_flight_that_fails_lets_the_held_one_go(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    fake.script(Action.CLOSE)  # the first batch's connection is dropped unanswered
+
+    async def scenario() -> tuple[Any, Any]:
+        client = Client([fake.location], timeout=2.0)
+        try:
+            first = asyncio.ensure_future(client.get(b"k1"))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # on the wire
+            held = asyncio.ensure_future(client.get(b"k2"))
+            outcome = await asyncio.gather(first, return_exceptions=True)
+            return outcome[0], await held
+        finally:
+            await client.aclose()
+
+    failed, answered = run(scenario())
+    assert isinstance(failed, ConnectionLostError)
+    assert answered == Item(b"k2", b"value-2", 0, None)
+
+
+def test_a_held_batch_whose_callers_are_cancelled_sends_nothing(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    fake.script(Action.SLOW)
+
+    async def scenario() -> tuple[Any, Any]:
+        client = Client([fake.location], timeout=2.0)
+        try:
+            first = asyncio.ensure_future(client.get(b"k1"))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # on the wire
+            held = asyncio.ensure_future(client.get(b"k2"))
+            await asyncio.sleep(0)  # submitted: held behind "get k1"
+            held.cancel()
+            await asyncio.gather(held, return_exceptions=True)
+            return await first, await client.get(b"k3")
+        finally:
+            await client.aclose()
+
+    assert run(scenario()) == (Item(b"k1", b"value-1", 0, None), Item(b"k3", b"value-3", 0, None))
+    assert get_lines(fake) == [b"get k1", b"get k3"]
+
+
+def test_a_caller_cancelled_as_the_reply_arrives_is_skipped_and_the_others_answered() -> None:
+    # The race no scenario can time: a caller's future is cancelled (its task was
+    # cancelled) in the turn its batch's reply is read, before its task could tell the
+    # batch. The reply goes to everyone else, before and after it.
+    from django_fastcache.client.address import parse_address
+    from django_fastcache.client.batching import Batch, GetBatcher
+    from django_fastcache.client.pool import Pool, PoolSettings
+
+    async def scenario() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        pool = Pool(parse_address("127.0.0.1:9"), PoolSettings(), loop)
+        batcher = GetBatcher(pool)
+        batch = Batch(batcher, loop.time() + 1)
+        items = [Item(k, b"v-" + k, 0, None) for k in (b"a", b"b", b"c")]
+        for item in items:
+            batch.keys.append(item.key)
+            batch.futures.append(loop.create_future())
+        batcher._in_flight = 1  # as if sent
+        batch.futures[1].cancel()
+        batch.set_result(items)
+        return [None if f.cancelled() else f.result() for f in batch.futures]
+
+    items = asyncio.run(scenario())
+    assert items == [Item(b"a", b"v-a", 0, None), None, Item(b"c", b"v-c", 0, None)]
+
+
+def test_keys_that_are_not_bytes_fail_as_invalid_keys_before_and_after_a_good_one(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    # A key asked for before is remembered as checked: what is not exactly bytes is
+    # checked every time (and an unhashable one must not fail with a TypeError).
+    class Key(bytes):
+        pass
+
+    async def scenario() -> list[Any]:
+        client = Client([fake.location], timeout=TIMEOUT)
+        try:
+            first = await client.get(b"k1")
+            bad = await asyncio.gather(
+                client.get("k1"),  # type: ignore[arg-type]
+                client.get(["k1"]),  # type: ignore[arg-type]
+                client.get(bytearray(b"k1")),  # type: ignore[arg-type]
+                client.get(b"k 1"),
+                return_exceptions=True,
+            )
+            return [first, *bad, await client.get(Key(b"k1")), await client.get(b"k1")]
+        finally:
+            await client.aclose()
+
+    first, *bad, subclass, again = run(scenario())
+    assert [type(error) for error in bad] == [InvalidKeyError] * 4
+    assert first == subclass == again == Item(b"k1", b"value-1", 0, None)

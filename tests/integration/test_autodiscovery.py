@@ -502,3 +502,68 @@ def test_tls_endpoint_and_nodes(tmp_path_factory: pytest.TempPathFactory) -> Non
     finally:
         for server in servers:
             server.stop()
+
+
+def memorystore_entry(server: MemcachedServer) -> tuple[str, str, int]:
+    """GCP Memorystore lists a node with its IP address in place of a host name."""
+    return (server.host, server.host, server.port)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 40])
+def test_memorystore_discovery_endpoint_split_replies_and_a_changing_node_list(
+    nodes: list[MemcachedServer], chunk: int
+) -> None:
+    """A Memorystore discovery endpoint whose replies arrive in pieces of ``chunk`` bytes
+    (the header, the version line and the node list each split somewhere else), followed
+    through the Django backend's async API (autobatched agets) as its node list changes."""
+    listed = [memorystore_entry(n) for n in nodes[:2]]
+    with FakeConfigEndpoint(listed, chunk=chunk) as endpoint:
+        cache = FastCache(
+            endpoint.location,
+            {
+                "TIMEOUT": None,
+                "OPTIONS": {
+                    "autodiscovery": True,
+                    "disk_tier": False,
+                    "autodiscovery_interval": 3600,
+                    "sign_values": False,
+                },
+            },
+        )
+        client = cache.client
+        discovery = client.cluster.discovery
+        values = {f"ms:{n}": n for n in range(60)}
+
+        async def scenario() -> None:
+            await cache.aset_many(values)
+            assert live_ids(client) == [f"{n.host}:{n.port}" for n in nodes[:2]]
+            assert discovery.version == 1
+            wire = [cache.wire_key(k) for k in values]
+            assert_routed(client, nodes, wire)
+            assert await asyncio.gather(*[cache.aget(k) for k in values]) == list(values.values())
+
+            # The first node leaves and the third joins, under version 2.
+            endpoint.set_nodes([memorystore_entry(nodes[1]), memorystore_entry(nodes[2])])
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, discovery.refresh) is True
+            assert discovery.version == 2
+            assert live_ids(client) == [f"{n.host}:{n.port}" for n in nodes[1:3]]
+            # Keys that were on the node that left read as misses; written anew, every key
+            # lands on its owner in the new list and reads back through batched agets.
+            found = await asyncio.gather(*[cache.aget(k) for k in values])
+            assert 0 < sum(v is not None for v in found) < len(values)
+            await cache.aset_many({k: v + 1000 for k, v in values.items()})
+            by_id = {f"{n.host}:{n.port}": n for n in nodes[1:3]}
+            for key, value in zip(wire, values.values()):
+                owner = by_id[client.cluster.node_ids[client.cluster.node_index(key)]]
+                assert value_on(owner, key) == b"%d" % (value + 1000), key
+            assert await asyncio.gather(*[cache.aget(k) for k in values]) == [
+                v + 1000 for v in values.values()
+            ]
+            await client.aclose()
+
+        try:
+            asyncio.run(scenario())
+        finally:
+            discovery.close()
+        assert endpoint.requests == 2

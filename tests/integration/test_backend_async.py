@@ -380,8 +380,8 @@ def io_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, Any]]:
     """Record (thread, running loop) for each of the async client's I/O primitives, and
     fail any use of sync_to_async or of an executor."""
     calls: list[tuple[int, Any]] = []
-    # _batcher: an autobatched get's way to its node's batch (on the running loop).
-    for name in ("_request", "_pipelines", "_send_noreply", "_batcher"):
+    # _checked_node_of: an autobatched get's way to its node's batch (on the running loop).
+    for name in ("_request", "_pipelines", "_send_noreply", "_checked_node_of"):
         original = getattr(Client, name)
 
         def wrapped(self: Client, *args: Any, _original: Any = original) -> Any:

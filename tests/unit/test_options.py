@@ -81,6 +81,8 @@ GOOD_VALUES: dict[str, list[Any]] = {
     # True only with the disk tier off: tests/unit/test_placement_command.py.
     "autodiscovery": [False],
     "autodiscovery_interval": [0.5, 60, 300.0],
+    "autobatching": [True, False],
+    "pipelining": [True, False],
     "protocol": ["auto", "meta", "classic"],
     "stampede_protection": [True, False],
     "stampede_lease": [0.5, 10, 60.0],
@@ -255,6 +257,15 @@ def test_sign_values_must_be_a_bool_e004(value: Any) -> None:
     assert ids(problems) == ["django_fastcache.E004"]
     assert "sign_values" in problems[0].message
     assert options.sign_values is True
+
+
+@pytest.mark.parametrize("name", ["autobatching", "pipelining"])
+@pytest.mark.parametrize("value", [1, 0, "yes", "False", None])
+def test_async_request_sharing_switches_must_be_bools_e004(name: str, value: Any) -> None:
+    options, problems = parse_options({name: value})
+    assert ids(problems) == ["django_fastcache.E004"]
+    assert name in problems[0].message
+    assert getattr(options, name) is True
 
 
 @pytest.mark.parametrize("value", ["", b"secret", 42, ["secret"]])

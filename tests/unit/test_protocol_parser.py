@@ -654,3 +654,89 @@ def test_unread_counts_bytes_no_reply_has_used() -> None:
     assert parser.unread == len(b"JUNK")
     parser.feed(b"\r\n")
     assert parser.unread == len(b"JUNK\r\n")
+
+
+# -- multi-key gets read with their keys (an autobatched get's reply) -----------------------
+
+
+def ask(parser: ReplyParser, chunks: Sequence[bytes], keys: Sequence[bytes]) -> Any:
+    """Feed chunks one by one, asking for one retrieval of ``keys`` the way a batch does."""
+    reply = None
+    for chunk in chunks:
+        parser.feed(chunk)
+        reply = parser.next_reply(K.RETRIEVAL, keys)
+        if reply is not None:
+            break
+    return comparable(reply)
+
+
+@settings(deadline=None)
+@given(
+    items=item_lists,
+    misses=st.lists(keys, max_size=4),
+    memcached_order=st.booleans(),
+    points=st.lists(st.integers(min_value=0), max_size=10),
+)
+def test_multi_key_retrieval_round_trip_with_its_keys(
+    items: list[tuple[bytes, int, bytes, int | None]],
+    misses: list[bytes],
+    memcached_order: bool,
+    points: list[int],
+) -> None:
+    # Each key answered once (as memcached does for keys asked once); the keys asked are
+    # the answered ones in the reply's order (memcached's) or reversed, and some misses.
+    seen: set[bytes] = set()
+    items = [item for item in items if not (item[0] in seen or seen.add(item[0]))]
+    answered = [key for key, *_ in items]
+    asked = list(dict.fromkeys(answered + [k for k in misses if k not in seen]))
+    if not memcached_order:
+        asked.reverse()
+    if len(asked) < 2:
+        asked.append(b"another-key-" * 3)  # a multi-key get: a one-key get reads otherwise
+    wire = encode_retrieval(items)
+    for chunks in ([wire], cut(wire, points)):
+        parser = ReplyParser()
+        assert ask(parser, chunks, asked) == expected_items(items)
+        assert parser.idle
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"VALUE a 0 1\r\nx\r\nVALUE c 0 1\r\ny\r\nEND\r\n",  # c was not asked for
+        b"VALUE a 0 1\r\nx\r\nVALUE a 0 1\r\nx\r\nEND\r\n",  # a answered twice
+    ],
+)
+def test_multi_key_retrieval_with_an_item_not_asked_for_is_a_protocol_error(wire: bytes) -> None:
+    parser = ReplyParser()
+    parser.feed(wire)
+    with pytest.raises(ProtocolError):
+        parser.next_reply(K.RETRIEVAL, [b"a", b"b"])
+
+
+@pytest.mark.parametrize(
+    ("wire", "item"),
+    [
+        # Shapes the one-split reader leaves to the item by item one, read the same.
+        (b"VALUE a 4294967295 1\r\nx\r\nEND\r\n", Item(b"a", b"x", 2**32 - 1, None)),
+        (b"VALUE a 0 03\r\nabc\r\nEND\r\n", Item(b"a", b"abc", 0, None)),
+        (b"VALUE a 01 1\r\nx\r\nEND\r\n", Item(b"a", b"x", 1, None)),
+        (b"VALUE a 0 4\r\na\r\nb\r\nEND\r\n", Item(b"a", b"a\r\nb", 0, None)),
+        (b"VALUE a 0 3\r\nEND\r\nEND\r\n", Item(b"a", b"END", 0, None)),
+        (b"VALUE a 7 5000\r\n" + b"z" * 5000 + b"\r\nEND\r\n", Item(b"a", b"z" * 5000, 7, None)),
+        (b"VALUE a 0 1 99\r\nx\r\nEND\r\n", Item(b"a", b"x", 0, 99)),
+    ],
+)
+def test_multi_key_retrieval_of_unusual_items(wire: bytes, item: Item) -> None:
+    parser = ReplyParser()
+    parser.feed(wire)
+    assert parser.next_reply(K.RETRIEVAL, [b"a", b"b"]) == [item]
+    assert parser.idle
+
+
+def test_multi_key_retrieval_followed_by_the_next_reply() -> None:
+    parser = ReplyParser()
+    parser.feed(b"VALUE a 0 1\r\nx\r\nEND\r\nVALUE b 0 1\r\ny\r\nEND\r\n")
+    assert parser.next_reply(K.RETRIEVAL, [b"a", b"b"]) == [Item(b"a", b"x", 0, None)]
+    assert parser.next_reply(K.RETRIEVAL, [b"b", b"c"]) == [Item(b"b", b"y", 0, None)]
+    assert parser.idle
