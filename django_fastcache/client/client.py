@@ -22,6 +22,7 @@ from ..errors import CommandError, ConnectionLostError, FastCacheError, InvalidA
 from ..protocol import Item, ReplyKind, Status, get_command, validate_key
 from . import forksafe
 from .address import Address
+from .batching import GetBatcher  # at import: a first get must not need a file (see Lane)
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection
@@ -231,7 +232,7 @@ class Client(CommandSet):
         lanes = self._lanes_by_loop.get(_running_loop())
         if lanes is None:
             lanes = self._create_lanes()
-        batcher = lanes[node].get
+        batcher: GetBatcher = lanes[node].get
         future = batcher.submit(key, self.timeout)
         batch = batcher.current
         try:
@@ -251,7 +252,7 @@ class Client(CommandSet):
         lanes = self._lanes_by_loop.get(asyncio.get_running_loop())
         if lanes is None:
             lanes = self._create_lanes()
-        batcher = lanes[node].gets
+        batcher: GetBatcher = lanes[node].gets
         future = batcher.submit(key, self.timeout)
         batch = batcher.current
         try:
