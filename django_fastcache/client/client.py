@@ -22,6 +22,7 @@ from ..errors import CommandError, ConnectionLostError, FastCacheError, InvalidA
 from ..protocol import Item, ReplyKind, Status, get_command, validate_key
 from . import forksafe
 from .address import Address
+from .batching import GetBatcher  # at import: a first get must not need a file (see Lane)
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection
@@ -221,11 +222,17 @@ class Client(CommandSet):
             data = get_command(keys)  # validates the key before it is hashed
             items = await self._request(self._node_of(key), data, _RETRIEVAL, None, keys)
             return items[0] if items else None
-        node = self._checked_node_of(key)
-        lanes = self._lanes_by_loop.get(asyncio.get_running_loop())
+        # _checked_node_of's commonest case, inline: a key seen before, same node list
+        # (the placement read as the attribute behind Cluster.placement: a property costs
+        # a call per get).
+        memo = self._checked_memo
+        node = memo[1].get(key) if key.__class__ is bytes else None
+        if node is None or memo[0] is not self.cluster._hashing:
+            node = self._checked_node_of(key)
+        lanes = self._lanes_by_loop.get(_running_loop())
         if lanes is None:
             lanes = self._create_lanes()
-        batcher = lanes[node].get
+        batcher: GetBatcher = lanes[node].get
         future = batcher.submit(key, self.timeout)
         batch = batcher.current
         try:
@@ -245,7 +252,7 @@ class Client(CommandSet):
         lanes = self._lanes_by_loop.get(asyncio.get_running_loop())
         if lanes is None:
             lanes = self._create_lanes()
-        batcher = lanes[node].gets
+        batcher: GetBatcher = lanes[node].gets
         future = batcher.submit(key, self.timeout)
         batch = batcher.current
         try:
@@ -479,6 +486,7 @@ class Client(CommandSet):
 
 
 _RETRIEVAL = ReplyKind.RETRIEVAL
+_running_loop = asyncio.get_running_loop
 #: Keys whose node is remembered, at most (then forgotten all at once).
 _PLACEMENT_MEMO_SIZE = 16384
 

@@ -69,6 +69,8 @@ class Lane:
     __slots__ = ("get", "gets", "pool", "shared")
 
     def __init__(self, pool: Pool) -> None:
+        # Late (batching imports this module); client.py imports it at start, so that a
+        # first get needs no file (an import may fail once descriptors run out).
         from .batching import GetBatcher
 
         self.pool = pool

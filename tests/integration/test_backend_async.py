@@ -23,6 +23,7 @@ import pytest
 from django_fastcache import compiled
 from django_fastcache.backends import FastCache
 from django_fastcache.client import Client
+from django_fastcache.client.batching import GetBatcher
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.connection import Connection
 from django_fastcache.protocol import ReplyKind
@@ -380,15 +381,18 @@ def io_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, Any]]:
     """Record (thread, running loop) for each of the async client's I/O primitives, and
     fail any use of sync_to_async or of an executor."""
     calls: list[tuple[int, Any]] = []
-    # _checked_node_of: an autobatched get's way to its node's batch (on the running loop).
-    for name in ("_request", "_pipelines", "_send_noreply", "_checked_node_of"):
-        original = getattr(Client, name)
+    # GetBatcher.submit: an autobatched get joining its node's batch (on the running loop).
+    for owner, name in [
+        *((Client, name) for name in ("_request", "_pipelines", "_send_noreply")),
+        (GetBatcher, "submit"),
+    ]:
+        original = getattr(owner, name)
 
-        def wrapped(self: Client, *args: Any, _original: Any = original) -> Any:
+        def wrapped(self: Any, *args: Any, _original: Any = original) -> Any:
             calls.append((threading.get_ident(), asyncio.get_running_loop()))
             return _original(self, *args)
 
-        monkeypatch.setattr(Client, name, wrapped)
+        monkeypatch.setattr(owner, name, wrapped)
 
     def forbidden(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the async API hopped to a thread")
