@@ -12,7 +12,7 @@ Per subject and round, three figures, in CPU µs (``time.thread_time`` and the p
 total), so that machine noise, which stretches wall time, moves them little:
 
 * the calling thread's CPU per get, per set and per delete;
-* the writer behind's CPU per write (set or delete), read from its thread's /proc entry;
+* the writer behind's CPU per write (set or delete), read from its thread's CPU clock;
 * the whole process's CPU per operation (every thread), the pacing sleeps included alike.
 
 Subjects: ``fastcache`` (disk tier off), ``tiered`` (memcached up), ``outage`` (memcached
@@ -72,16 +72,14 @@ def configure(location: str, directory: str) -> None:
     django.setup()
 
 
-def _thread_cpu(native_id: int | None) -> float:
-    """Seconds of CPU the thread ``native_id`` of this process used (0 if none)."""
-    if native_id is None:
+def _thread_cpu(thread: Any) -> float:
+    """Seconds of CPU the thread ``thread`` used (0 if none)."""
+    if thread is None or thread.ident is None:
         return 0.0
     try:
-        with open(f"/proc/self/task/{native_id}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (OSError, ProcessLookupError):
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _writer(cache: Any) -> Any:
@@ -102,8 +100,8 @@ def run_round(
         if interval is not None:
             writer.interval = interval
         writer.flush(5.0)
-    writer_id = None if writer is None or writer._thread is None else writer._thread.native_id
-    writer_before = _thread_cpu(writer_id)
+    writer_thread = None if writer is None else writer._thread
+    writer_before = _thread_cpu(writer_thread)
     process_before = time.process_time()
     ops = int(rate * seconds)
     start = time.monotonic()
@@ -131,11 +129,11 @@ def run_round(
         cpu[action] += thread_time() - before
         count[action] += 1
     process = time.process_time() - process_before
-    if writer is not None and writer._thread is not None:
-        writer_id = writer._thread.native_id
+    if writer is not None and writer._thread is not writer_thread:  # started meanwhile
+        writer_thread, writer_before = writer._thread, 0.0
     writes = count["set"] + count["delete"]
     result = {action: cpu[action] / max(1, count[action]) * 1e6 for action in cpu}
-    result["writer/write"] = (_thread_cpu(writer_id) - writer_before) / writes * 1e6
+    result["writer/write"] = (_thread_cpu(writer_thread) - writer_before) / writes * 1e6
     result["process/op"] = process / ops * 1e6
     result["late s"] = max(0.0, time.monotonic() - start - seconds)
     return result

@@ -18,7 +18,9 @@ Set-up choices, each to keep a write cheap on the request path:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import sqlite3
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -50,7 +52,7 @@ _UPSERT = (
     " value = excluded.value WHERE Cache.filename IS NULL"
 )
 
-_DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1"
+_DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1 AND filename IS NULL"
 
 #: A write behind: (key, stamp, data or None for a delete, flags, expire_at, written_at).
 Landing = tuple[bytes, int, bytes | None, int, float | None, float]
@@ -260,63 +262,63 @@ class DiskStore:
         skipped = len(writes) - len(latest)
         for index in sorted(by_shard):
             shard = shards[index]
-            with self._failures("write behind"), self._transaction(shard):
-                now = time.time()
-                upserts: list[tuple[bytes, float, float | None, float, bytes]] = []
-                deletes: list[tuple[bytes]] = []
-                slow: list[Landing] = []  # large values, and rows that hold a file
-                for write in by_shard[index]:
-                    key, stamp, data, flags, expire_at, written_at = write
-                    if current(key) != stamp:
-                        skipped += 1
-                        continue
-                    landed += 1
-                    if data is None or (expire_at is not None and expire_at <= now):
-                        deletes.append((key,))
-                        continue
-                    raw = _encode(data, flags, written_at, stamp)
-                    if len(raw) >= _FILE_THRESHOLD:
-                        slow.append(write)
-                    else:
-                        upserts.append((key, now, expire_at, now, raw))
-                self._land_in(shard, now, upserts, deletes, slow)
+            slow: list[Landing] = []  # large values, and rows that hold a file
+            with self._failures("write behind"), forkgate.writing():
+                # Plain statements in a plain transaction: diskcache's own, needed by its
+                # calls for the rows that involve files, costs as much again.
+                con = shard._con
+                self._waiting(functools.partial(_begin, con))
+                try:
+                    now = time.time()
+                    upserts: list[tuple[bytes, float, float | None, float, bytes]] = []
+                    deletes: list[tuple[bytes]] = []
+                    for write in by_shard[index]:
+                        key, stamp, data, flags, expire_at, written_at = write
+                        if current(key) != stamp:
+                            skipped += 1
+                        elif data is None or (expire_at is not None and expire_at <= now):
+                            deletes.append((key,))
+                        else:
+                            raw = _encode(data, flags, written_at, stamp)
+                            if len(raw) >= _FILE_THRESHOLD:
+                                slow.append(write)
+                            else:
+                                upserts.append((key, now, expire_at, now, raw))
+                    with_files = _land_rows(con, upserts, deletes)
+                    con.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(Exception):  # none open after a failed COMMIT
+                        con.execute("ROLLBACK")
+                    raise
+            landed += len(upserts) + len(deletes) - len(with_files)
+            if with_files:
+                slow += [w for w in by_shard[index] if w[0] in with_files]
+            if slow:
+                with self._failures("write behind"), self._transaction(shard):
+                    done = self._land_slow(shard, slow, current)
+                landed += done
+                skipped += len(slow) - done
         return landed, skipped
 
     @staticmethod
-    def _land_in(
-        shard: diskcache.Cache,
-        now: float,
-        upserts: list[tuple[bytes, float, float | None, float, bytes]],
-        deletes: list[tuple[bytes]],
-        slow: list[Landing],
-    ) -> None:
-        """One shard's share of :meth:`land`, within its transaction: one statement per
-        kind, diskcache's own calls for whatever involves a file of its own."""
-        con = shard._con
-        keys = [row[0] for row in upserts] + [row[0] for row in deletes]
-        with_files: set[bytes] = set()
-        for first in range(0, len(keys), 500):
-            chunk = keys[first : first + 500]
-            rows = con.execute(
-                "SELECT key FROM Cache WHERE raw = 1 AND filename IS NOT NULL AND key IN "
-                f"({','.join('?' * len(chunk))})",
-                chunk,
-            )
-            with_files.update(bytes(row[0]) for row in rows)
-        if with_files:
-            slow += [w for w in _as_landings(upserts, deletes) if w[0] in with_files]
-            upserts = [row for row in upserts if row[0] not in with_files]
-            deletes = [row for row in deletes if row[0] not in with_files]
-        if upserts:
-            con.executemany(_UPSERT, upserts)
-        if deletes:
-            con.executemany(_DELETE, deletes)
-        for key, stamp, data, flags, expire_at, written_at in slow:
+    def _land_slow(
+        shard: diskcache.Cache, writes: list[Landing], current: Callable[[bytes], int]
+    ) -> int:
+        """Writes that involve files of diskcache's own (large values, rows that hold
+        one), by its own calls, which remove the files, within ``shard``'s transaction;
+        each only while its stamp is still current. Returns how many landed."""
+        now = time.time()
+        landed = 0
+        for key, stamp, data, flags, expire_at, written_at in writes:
+            if current(key) != stamp:
+                continue  # overtaken since: its row never answers again (the stamp moved)
+            landed += 1
             if data is None or (expire_at is not None and expire_at <= now):
                 shard.delete(key, retry=False)
             else:
                 expire = None if expire_at is None else expire_at - now
                 shard.set(key, _encode(data, flags, written_at, stamp), expire=expire, retry=False)
+        return landed
 
     @contextlib.contextmanager
     def _transaction(self, shard: diskcache.Cache) -> Iterator[None]:
@@ -385,13 +387,43 @@ class DiskStore:
         self._shards = ()
 
 
-def _as_landings(
-    upserts: list[tuple[bytes, float, float | None, float, bytes]], deletes: list[tuple[bytes]]
-) -> list[Landing]:
-    """Rows of :meth:`DiskStore.land` back as writes (for diskcache's own calls)."""
-    writes: list[Landing] = []
-    for key, _now, expire_at, _access, raw in upserts:
-        flags, written_at, stamp = _HEADER.unpack_from(raw)
-        writes.append((key, stamp, raw[_HEADER.size :], flags, expire_at, written_at))
-    writes += [(key, 0, None, 0, None, 0.0) for (key,) in deletes]
-    return writes
+def _begin(con: Any) -> None:
+    """Take the shard's write lock (``BEGIN IMMEDIATE``); :class:`diskcache.Timeout` when
+    another process holds it past SQLite's busy timeout, as diskcache's own calls say it."""
+    try:
+        con.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        raise diskcache.Timeout from exc
+
+
+def _land_rows(
+    con: Any,
+    upserts: list[tuple[bytes, float, float | None, float, bytes]],
+    deletes: list[tuple[bytes]],
+) -> set[bytes]:
+    """One shard's small values and deletes, one statement per kind, within its
+    transaction. Rows that hold a file of diskcache's own are left alone by both
+    statements: their keys are returned, for diskcache's own calls (which remove the
+    file)."""
+    with_files: set[bytes] = set()
+    # An upsert changes one row unless the row holds a file: only then look for them.
+    if upserts and con.executemany(_UPSERT, upserts).rowcount != len(upserts):
+        with_files |= _keys_with_files(con, [row[0] for row in upserts])
+    if deletes:
+        # A row the delete left may hold a file, or not exist: only a read tells which.
+        con.executemany(_DELETE, deletes)
+        with_files |= _keys_with_files(con, [row[0] for row in deletes])
+    return with_files
+
+
+def _keys_with_files(con: Any, keys: list[bytes]) -> set[bytes]:
+    found: set[bytes] = set()
+    for first in range(0, len(keys), 500):
+        chunk = keys[first : first + 500]
+        rows = con.execute(
+            "SELECT key FROM Cache WHERE raw = 1 AND filename IS NOT NULL AND key IN "
+            f"({','.join('?' * len(chunk))})",
+            chunk,
+        )
+        found.update(bytes(row[0]) for row in rows)
+    return found
