@@ -22,6 +22,7 @@ import functools
 import os
 import sqlite3
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,6 +52,12 @@ _UPSERT = (
     " access_count = 0, tag = NULL, size = 0, mode = 1, filename = NULL,"
     " value = excluded.value WHERE Cache.filename IS NULL"
 )
+
+_SELECT = (
+    "SELECT expire_time, mode, filename, value FROM Cache WHERE key = ? AND raw = 1"
+    " AND (expire_time IS NULL OR expire_time > ?)"
+)
+_MODE_RAW = diskcache.core.MODE_RAW
 
 _DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1 AND filename IS NULL"
 
@@ -124,6 +131,9 @@ class DiskStore:
         }
         self._fanout: diskcache.FanoutCache | None = None
         self._shards: tuple[diskcache.Cache, ...] = ()
+        # Reads take diskcache's SQL straight where its get would record no access.
+        self._plain_reads = diskcache.EVICTION_POLICY[eviction_policy]["get"] is None
+        self._local = threading.local()
         self._pid = os.getpid()
 
     # -- shards --------------------------------------------------------------------------
@@ -212,10 +222,34 @@ class DiskStore:
             with self._failures("commit"):
                 transaction.__exit__(None, None, None)
 
+    def _reader(self, index: int) -> Any:
+        """This thread's SQLite connection to shard ``index`` (diskcache's own), kept
+        without diskcache's process check per call: the shards are made anew after a
+        fork or :meth:`close`, and the connections kept with them."""
+        shards = self._shards_now()
+        local = self._local
+        if getattr(local, "shards", None) is not shards:
+            local.shards, local.connections = shards, {}
+        connections: dict[int, Any] = local.connections
+        con = connections.get(index)
+        if con is None:
+            con = connections[index] = shards[index]._con
+        return con
+
     # -- operations ----------------------------------------------------------------------
     # get and set are on the request path: plain try blocks, no context manager per call.
     def get(self, key: bytes) -> DiskEntry | None:
         try:
+            if self._plain_reads:
+                # diskcache's own get, as it runs for an eviction policy that records no
+                # access (its fast path), for a row with no file of its own.
+                index = self.shard_of(key)
+                rows = self._reader(index).execute(_SELECT, (key, time.time())).fetchall()
+                if not rows:
+                    return None
+                ((expire_at, mode, filename, raw),) = rows
+                if mode == _MODE_RAW and filename is None:
+                    return _decode(raw, expire_at)
             raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
         except Exception as exc:
             raise DiskError(f"disk tier read failed: {type(exc).__name__}: {exc}") from exc

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
+
+import pytest
 
 from django_fastcache.disk import DiskStore
 
@@ -43,6 +46,9 @@ def test_writes_behind_replace_and_delete_rows_that_hold_files(tmp_path: Path) -
         )
         assert landed == (3, 0)
         assert len(_files(tmp_path)) == 2
+        held = store.get(b"a")  # read from its file
+        assert held is not None
+        assert (held.data, held.stamp) == (large, 1)
         # A small value over a row that holds a file, and a delete of one: the files go.
         stamps.update({b"a": 7, b"b": 8, b"c": 10})
         landed = store.land(
@@ -82,5 +88,34 @@ def test_writes_behind_overtaken_are_skipped(tmp_path: Path) -> None:
         entry = store.get(b"b")
         assert entry is not None
         assert entry.data == b"second"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("policy", ["least-recently-stored", "least-recently-used"])
+def test_reads_answer_alike_whatever_the_eviction_policy(tmp_path: Path, policy: str) -> None:
+    """Reads run their SQL straight where diskcache's get records no access, and through
+    diskcache's get where it does: the same answers, expiry included."""
+    store = DiskStore(str(tmp_path / "values"), eviction_policy=policy)
+    try:
+        store.set(b"kept", b"v", 3, None, stamp=7, written_at=5.0)
+        store.set(b"expired", b"v", 0, 0.001)
+        store.set(b"large", b"L" * 2**16, 0, 60)
+        entry = store.get(b"kept")
+        assert entry is not None
+        assert (entry.data, entry.flags, entry.written_at, entry.expire_at, entry.stamp) == (
+            b"v",
+            3,
+            5.0,
+            None,
+            7,
+        )
+        large = store.get(b"large")
+        assert large is not None
+        assert large.data == b"L" * 2**16
+        assert large.expire_at is not None
+        time.sleep(0.01)  # past the expiry of "expired" (a real clock: diskcache reads it)
+        assert store.get(b"expired") is None
+        assert store.get(b"absent") is None
     finally:
         store.close()
