@@ -119,3 +119,16 @@ def test_reads_answer_alike_whatever_the_eviction_policy(tmp_path: Path, policy:
         assert store.get(b"absent") is None
     finally:
         store.close()
+
+
+def test_keys_go_to_the_shard_diskcache_places_them_in(tmp_path: Path) -> None:
+    """The tier's own placement of a key is FanoutCache's, which its whole-cache
+    operations rely on."""
+    store = DiskStore(str(tmp_path / "values"), shards=8)
+    try:
+        fanout = store._cache()
+        keys = [b"", b"k", b"\xff" * 300, *(b"key-%d" % i for i in range(200))]
+        assert [store.shard_of(k) for k in keys] == [fanout._hash(k) % 8 for k in keys]
+        assert len({store.shard_of(k) for k in keys}) == 8
+    finally:
+        store.close()
