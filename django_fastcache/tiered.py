@@ -324,16 +324,19 @@ class TieredStore:
 
     # -- reads ---------------------------------------------------------------------------
     def get_now(self, key: bytes) -> tuple[bytes, int] | None:
-        """:meth:`get` on the blocking client, as a plain call (the sync API's flat path)."""
+        """:meth:`get` on the blocking client, as a plain call (the sync API's flat path;
+        ``key`` is valid, as the backend's wire keys are)."""
         node = self.cluster.node_index(key)
         if not self.states.is_out(node):
             try:
-                item = self.blocking.get_now(key)
+                found = self.blocking.value_now(key, True)
             except FastCacheError as exc:
                 self._memcached_failed(node, exc, read=True)
             else:
-                if item is not None and (item.value or item.flags):
-                    return item.value, item.flags
+                if found is not None and (found[0] or found[1]):  # not a miss, not a stub
+                    return found
+                if not holds_value(self.stamps.current(key)):
+                    return None  # deleted, or never written: no disk entry answers
                 return run_blocking(self._answer_miss(self.blocking, key, node))
         self.metrics.fallbacks += 1
         return self._disk_read(key)
@@ -455,7 +458,8 @@ class TieredStore:
         return None
 
     def set_now(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
-        """:meth:`set` on the blocking client, as a plain call (the sync API's flat path)."""
+        """:meth:`set` on the blocking client, as a plain call (the sync API's flat path;
+        every argument is valid, as the backend's are)."""
         node = self.cluster.node_index(key)
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
@@ -463,7 +467,7 @@ class TieredStore:
                 now = time.time()
                 try:
                     stored = self.blocking.store_now(
-                        b"set", key, data, flags, memcached_exptime(ttl, now)
+                        b"set", key, data, flags, memcached_exptime(ttl, now), True
                     )
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
@@ -680,7 +684,8 @@ class TieredStore:
         return True
 
     def delete_now(self, key: bytes) -> bool:
-        """:meth:`delete` on the blocking client, as a plain call (the sync API's flat path)."""
+        """:meth:`delete` on the blocking client, as a plain call (the sync API's flat path;
+        ``key`` is valid, as the backend's wire keys are)."""
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
@@ -689,7 +694,7 @@ class TieredStore:
                 stamp = self.stamps.bump(key, gone=True)
                 bumped[:] = [prev, stamp]
                 try:
-                    deleted = self.blocking.delete_now(key)
+                    deleted = self.blocking.delete_now(key, True)
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 else:

@@ -17,16 +17,20 @@ does. (Two processes stamping one slot in the same instant may leave the earlier
 Each node's page also counts its outages, so that a replay can tell that the probe it acted
 on was answered in the current outage. And the files can be removed under the processes
 (a temp cleaner, a deleted directory made again): :meth:`NodeStates.replaced` notices, and
-:meth:`NodeStates.reopen` maps the directory's files again, carrying over what it knew.
+:meth:`NodeStates.reopen` maps the directory's files again, carrying over what it knew. A
+process that moves marks the pages it leaves as distrusting every entry, so that the
+processes still on them stop trusting the disk at once, without a ``stat``.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import math
 import mmap
 import os
 import struct
+import time
 import zlib
 
 from .location import make_private
@@ -40,6 +44,9 @@ _OUTAGES = 8
 #: Distrust slots: the page holds one float64 per slot, the last one for the whole tier.
 _SLOTS = mmap.PAGESIZE // _STAMP.size - 1
 _WHOLE_TIER = _SLOTS
+#: Seconds between two checks, by a read from disk, that the files are still the
+#: directory's: a ``stat`` per read cost about a sixth of a read during an outage.
+CHECK_INTERVAL = 0.005
 
 
 def _page(path: str) -> mmap.mmap | None:
@@ -91,6 +98,8 @@ class NodeStates:
         self._retired: list[mmap.mmap] = []
         #: Times this process found the files replaced and mapped the new ones.
         self.reopened = 0
+        #: ``time.monotonic()`` from which :meth:`trusts` checks the files again.
+        self._next_check = 0.0
         self._maps, self._stamps = self._open_all()
 
     def _open_all(self) -> tuple[list[mmap.mmap], mmap.mmap]:
@@ -127,7 +136,7 @@ class NodeStates:
         the others never saw, and theirs to files this process never saw)."""
         if not self.replaced():
             return  # another thread of this process moved first
-        old_maps, old_stamps = self._maps, self._stamps
+        old_maps, old_stamps, old_identity = self._maps, self._stamps, self._identity
         self.shared = True
         maps, stamps = self._open_all()
         for old, new in zip(old_maps, maps):
@@ -135,11 +144,20 @@ class NodeStates:
                 new[0] = _OUT
         for slot in range(_SLOTS + 1):
             offset = slot * _STAMP.size
-            if _STAMP.unpack_from(old_stamps, offset)[0] > _STAMP.unpack_from(stamps, offset)[0]:
-                _STAMP.pack_into(stamps, offset, _STAMP.unpack_from(old_stamps, offset)[0])
+            known: float = _STAMP.unpack_from(old_stamps, offset)[0]
+            # (Not the mark of pages another process left: the new ones are current.)
+            if math.isfinite(known) and known > _STAMP.unpack_from(stamps, offset)[0]:
+                _STAMP.pack_into(stamps, offset, known)
         self._retired.extend([*old_maps, old_stamps])
         self._maps, self._stamps = maps, stamps
         self.distrust(None, now)
+        if self._identity is not None and self._identity != old_identity:
+            # The pages left behind distrust every entry from now on: the processes still
+            # on them read no disk entry until they move too (see trusts()). Only pages
+            # known to be gone from the directory: marking its current ones would stop
+            # every process's disk reads for good.
+            _STAMP.pack_into(old_stamps, _WHOLE_TIER * _STAMP.size, math.inf)
+        self._next_check = 0.0
         self.reopened += 1
 
     def is_out(self, node: int) -> bool:
@@ -185,9 +203,13 @@ class NodeStates:
 
         None answers while the state files were replaced under this process (until the
         maintenance thread maps the new ones): its disk tier may no longer be the one the
-        other processes write to. A read from disk pays one ``stat`` for it."""
-        if self.replaced():
-            return False
+        other processes write to. Noticed at once when another process on these files
+        moved first (it marked them); otherwise by a ``stat``, made at most every
+        :data:`CHECK_INTERVAL` seconds (and by every read while they are replaced)."""
+        if time.monotonic() >= self._next_check:
+            if self.replaced():
+                return False
+            self._next_check = time.monotonic() + CHECK_INTERVAL
         stamps = self._stamps
         own: float = _STAMP.unpack_from(stamps, self._slot(key) * _STAMP.size)[0]
         whole: float = _STAMP.unpack_from(stamps, _WHOLE_TIER * _STAMP.size)[0]

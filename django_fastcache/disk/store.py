@@ -18,12 +18,15 @@ Set-up choices, each to keep a write cheap on the request path:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import sqlite3
 import struct
+import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import diskcache
 
@@ -50,7 +53,13 @@ _UPSERT = (
     " value = excluded.value WHERE Cache.filename IS NULL"
 )
 
-_DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1"
+_SELECT = (
+    "SELECT expire_time, mode, filename, value FROM Cache WHERE key = ? AND raw = 1"
+    " AND (expire_time IS NULL OR expire_time > ?)"
+)
+_MODE_RAW = diskcache.core.MODE_RAW
+
+_DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1 AND filename IS NULL"
 
 #: A write behind: (key, stamp, data or None for a delete, flags, expire_at, written_at).
 Landing = tuple[bytes, int, bytes | None, int, float | None, float]
@@ -72,8 +81,10 @@ class DiskError(FastCacheError):
     """The disk tier could not read or write (locked, read-only, removed, corrupt)."""
 
 
-@dataclass(frozen=True, slots=True)
-class DiskEntry:
+class DiskEntry(NamedTuple):
+    """One disk entry, immutable. (A tuple: one is made per read from disk, and a frozen
+    dataclass cost five times as much to make.)"""
+
     data: bytes
     flags: int
     written_at: float
@@ -122,6 +133,9 @@ class DiskStore:
         }
         self._fanout: diskcache.FanoutCache | None = None
         self._shards: tuple[diskcache.Cache, ...] = ()
+        # Reads take diskcache's SQL straight where its get would record no access.
+        self._plain_reads = diskcache.EVICTION_POLICY[eviction_policy]["get"] is None
+        self._local = threading.local()
         self._pid = os.getpid()
 
     # -- shards --------------------------------------------------------------------------
@@ -154,6 +168,9 @@ class DiskStore:
         """The shard holding ``key`` (FanoutCache's own placement, so that its whole-cache
         operations stay valid)."""
         shards = self._shards_now()  # first: it also sets up the hash function
+        if type(key) is bytes:
+            # diskcache's Disk.hash of a bytes key, without its two calls per key.
+            return (zlib.adler32(key) & 0xFFFFFFFF) % len(shards)
         return int(self._hash(key)) % len(shards)
 
     @contextlib.contextmanager
@@ -210,10 +227,34 @@ class DiskStore:
             with self._failures("commit"):
                 transaction.__exit__(None, None, None)
 
+    def _reader(self, index: int) -> Any:
+        """This thread's SQLite connection to shard ``index`` (diskcache's own), kept
+        without diskcache's process check per call: the shards are made anew after a
+        fork or :meth:`close`, and the connections kept with them."""
+        shards = self._shards_now()
+        local = self._local
+        if getattr(local, "shards", None) is not shards:
+            local.shards, local.connections = shards, {}
+        connections: dict[int, Any] = local.connections
+        con = connections.get(index)
+        if con is None:
+            con = connections[index] = shards[index]._con
+        return con
+
     # -- operations ----------------------------------------------------------------------
     # get and set are on the request path: plain try blocks, no context manager per call.
     def get(self, key: bytes) -> DiskEntry | None:
         try:
+            if self._plain_reads:
+                # diskcache's own get, as it runs for an eviction policy that records no
+                # access (its fast path), for a row with no file of its own.
+                index = self.shard_of(key)
+                rows = self._reader(index).execute(_SELECT, (key, time.time())).fetchall()
+                if not rows:
+                    return None
+                ((expire_at, mode, filename, raw),) = rows
+                if mode == _MODE_RAW and filename is None:
+                    return _decode(raw, expire_at)
             raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
         except Exception as exc:
             raise DiskError(f"disk tier read failed: {type(exc).__name__}: {exc}") from exc
@@ -260,63 +301,63 @@ class DiskStore:
         skipped = len(writes) - len(latest)
         for index in sorted(by_shard):
             shard = shards[index]
-            with self._failures("write behind"), self._transaction(shard):
-                now = time.time()
-                upserts: list[tuple[bytes, float, float | None, float, bytes]] = []
-                deletes: list[tuple[bytes]] = []
-                slow: list[Landing] = []  # large values, and rows that hold a file
-                for write in by_shard[index]:
-                    key, stamp, data, flags, expire_at, written_at = write
-                    if current(key) != stamp:
-                        skipped += 1
-                        continue
-                    landed += 1
-                    if data is None or (expire_at is not None and expire_at <= now):
-                        deletes.append((key,))
-                        continue
-                    raw = _encode(data, flags, written_at, stamp)
-                    if len(raw) >= _FILE_THRESHOLD:
-                        slow.append(write)
-                    else:
-                        upserts.append((key, now, expire_at, now, raw))
-                self._land_in(shard, now, upserts, deletes, slow)
+            slow: list[Landing] = []  # large values, and rows that hold a file
+            with self._failures("write behind"), forkgate.writing():
+                # Plain statements in a plain transaction: diskcache's own, needed by its
+                # calls for the rows that involve files, costs as much again.
+                con = shard._con
+                self._waiting(functools.partial(_begin, con))
+                try:
+                    now = time.time()
+                    upserts: list[tuple[bytes, float, float | None, float, bytes]] = []
+                    deletes: list[tuple[bytes]] = []
+                    for write in by_shard[index]:
+                        key, stamp, data, flags, expire_at, written_at = write
+                        if current(key) != stamp:
+                            skipped += 1
+                        elif data is None or (expire_at is not None and expire_at <= now):
+                            deletes.append((key,))
+                        else:
+                            raw = _encode(data, flags, written_at, stamp)
+                            if len(raw) >= _FILE_THRESHOLD:
+                                slow.append(write)
+                            else:
+                                upserts.append((key, now, expire_at, now, raw))
+                    with_files = _land_rows(con, upserts, deletes)
+                    con.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(Exception):  # none open after a failed COMMIT
+                        con.execute("ROLLBACK")
+                    raise
+            landed += len(upserts) + len(deletes) - len(with_files)
+            if with_files:
+                slow += [w for w in by_shard[index] if w[0] in with_files]
+            if slow:
+                with self._failures("write behind"), self._transaction(shard):
+                    done = self._land_slow(shard, slow, current)
+                landed += done
+                skipped += len(slow) - done
         return landed, skipped
 
     @staticmethod
-    def _land_in(
-        shard: diskcache.Cache,
-        now: float,
-        upserts: list[tuple[bytes, float, float | None, float, bytes]],
-        deletes: list[tuple[bytes]],
-        slow: list[Landing],
-    ) -> None:
-        """One shard's share of :meth:`land`, within its transaction: one statement per
-        kind, diskcache's own calls for whatever involves a file of its own."""
-        con = shard._con
-        keys = [row[0] for row in upserts] + [row[0] for row in deletes]
-        with_files: set[bytes] = set()
-        for first in range(0, len(keys), 500):
-            chunk = keys[first : first + 500]
-            rows = con.execute(
-                "SELECT key FROM Cache WHERE raw = 1 AND filename IS NOT NULL AND key IN "
-                f"({','.join('?' * len(chunk))})",
-                chunk,
-            )
-            with_files.update(bytes(row[0]) for row in rows)
-        if with_files:
-            slow += [w for w in _as_landings(upserts, deletes) if w[0] in with_files]
-            upserts = [row for row in upserts if row[0] not in with_files]
-            deletes = [row for row in deletes if row[0] not in with_files]
-        if upserts:
-            con.executemany(_UPSERT, upserts)
-        if deletes:
-            con.executemany(_DELETE, deletes)
-        for key, stamp, data, flags, expire_at, written_at in slow:
+    def _land_slow(
+        shard: diskcache.Cache, writes: list[Landing], current: Callable[[bytes], int]
+    ) -> int:
+        """Writes that involve files of diskcache's own (large values, rows that hold
+        one), by its own calls, which remove the files, within ``shard``'s transaction;
+        each only while its stamp is still current. Returns how many landed."""
+        now = time.time()
+        landed = 0
+        for key, stamp, data, flags, expire_at, written_at in writes:
+            if current(key) != stamp:
+                continue  # overtaken since: its row never answers again (the stamp moved)
+            landed += 1
             if data is None or (expire_at is not None and expire_at <= now):
                 shard.delete(key, retry=False)
             else:
                 expire = None if expire_at is None else expire_at - now
                 shard.set(key, _encode(data, flags, written_at, stamp), expire=expire, retry=False)
+        return landed
 
     @contextlib.contextmanager
     def _transaction(self, shard: diskcache.Cache) -> Iterator[None]:
@@ -385,13 +426,43 @@ class DiskStore:
         self._shards = ()
 
 
-def _as_landings(
-    upserts: list[tuple[bytes, float, float | None, float, bytes]], deletes: list[tuple[bytes]]
-) -> list[Landing]:
-    """Rows of :meth:`DiskStore.land` back as writes (for diskcache's own calls)."""
-    writes: list[Landing] = []
-    for key, _now, expire_at, _access, raw in upserts:
-        flags, written_at, stamp = _HEADER.unpack_from(raw)
-        writes.append((key, stamp, raw[_HEADER.size :], flags, expire_at, written_at))
-    writes += [(key, 0, None, 0, None, 0.0) for (key,) in deletes]
-    return writes
+def _begin(con: Any) -> None:
+    """Take the shard's write lock (``BEGIN IMMEDIATE``); :class:`diskcache.Timeout` when
+    another process holds it past SQLite's busy timeout, as diskcache's own calls say it."""
+    try:
+        con.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        raise diskcache.Timeout from exc
+
+
+def _land_rows(
+    con: Any,
+    upserts: list[tuple[bytes, float, float | None, float, bytes]],
+    deletes: list[tuple[bytes]],
+) -> set[bytes]:
+    """One shard's small values and deletes, one statement per kind, within its
+    transaction. Rows that hold a file of diskcache's own are left alone by both
+    statements: their keys are returned, for diskcache's own calls (which remove the
+    file)."""
+    with_files: set[bytes] = set()
+    # An upsert changes one row unless the row holds a file: only then look for them.
+    if upserts and con.executemany(_UPSERT, upserts).rowcount != len(upserts):
+        with_files |= _keys_with_files(con, [row[0] for row in upserts])
+    if deletes:
+        # A row the delete left may hold a file, or not exist: only a read tells which.
+        con.executemany(_DELETE, deletes)
+        with_files |= _keys_with_files(con, [row[0] for row in deletes])
+    return with_files
+
+
+def _keys_with_files(con: Any, keys: list[bytes]) -> set[bytes]:
+    found: set[bytes] = set()
+    for first in range(0, len(keys), 500):
+        chunk = keys[first : first + 500]
+        rows = con.execute(
+            "SELECT key FROM Cache WHERE raw = 1 AND filename IS NOT NULL AND key IN "
+            f"({','.join('?' * len(chunk))})",
+            chunk,
+        )
+        found.update(bytes(row[0]) for row in rows)
+    return found

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import time
 from pathlib import Path
+
+import pytest
 
 from django_fastcache.disk import DiskStore
 
@@ -17,5 +21,114 @@ def test_the_values_directory_is_created_for_this_user_only(tmp_path: Path) -> N
         assert entry is not None
         assert entry.data == b"v"
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    finally:
+        store.close()
+
+
+def _files(directory: Path) -> list[str]:
+    """diskcache's files of its own (values too large for the database)."""
+    return [name for _path, _dirs, names in os.walk(directory) for name in names if ".val" in name]
+
+
+def test_writes_behind_replace_and_delete_rows_that_hold_files(tmp_path: Path) -> None:
+    store = DiskStore(str(tmp_path / "values"), shards=2)
+    stamps: dict[bytes, int] = {}
+    large = b"L" * 2**16
+    try:
+        stamps.update({b"a": 1, b"b": 3, b"c": 5})
+        landed = store.land(
+            [
+                (b"a", 1, large, 0, None, 1.0),
+                (b"b", 3, large, 0, None, 1.0),
+                (b"c", 5, b"s", 0, None, 1.0),
+            ],
+            stamps.__getitem__,
+        )
+        assert landed == (3, 0)
+        assert len(_files(tmp_path)) == 2
+        held = store.get(b"a")  # read from its file
+        assert held is not None
+        assert (held.data, held.stamp) == (large, 1)
+        # A small value over a row that holds a file, and a delete of one: the files go.
+        stamps.update({b"a": 7, b"b": 8, b"c": 10})
+        landed = store.land(
+            [
+                (b"a", 7, b"small", 0, None, 2.0),
+                (b"b", 8, None, 0, None, 2.0),
+                (b"c", 10, None, 0, None, 2.0),
+            ],
+            stamps.__getitem__,
+        )
+        assert landed == (3, 0)
+        entry = store.get(b"a")
+        assert entry is not None
+        assert (entry.data, entry.stamp) == (b"small", 7)
+        assert store.get(b"b") is None
+        assert store.get(b"c") is None
+        assert _files(tmp_path) == []
+    finally:
+        store.close()
+
+
+def test_writes_behind_overtaken_are_skipped(tmp_path: Path) -> None:
+    store = DiskStore(str(tmp_path / "values"), shards=2)
+    try:
+        stamps = {b"a": 9, b"b": 11}
+        landed = store.land(
+            [
+                (b"a", 1, b"old", 0, None, 1.0),  # overtaken by stamp 9
+                (b"b", 3, b"first", 0, None, 1.0),  # written again in the batch
+                (b"b", 11, b"second", 0, None, 1.0),
+                (b"a", 5, b"L" * 2**16, 0, None, 1.0),  # large, overtaken too
+            ],
+            stamps.__getitem__,
+        )
+        assert landed == (1, 3)
+        assert store.get(b"a") is None
+        entry = store.get(b"b")
+        assert entry is not None
+        assert entry.data == b"second"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("policy", ["least-recently-stored", "least-recently-used"])
+def test_reads_answer_alike_whatever_the_eviction_policy(tmp_path: Path, policy: str) -> None:
+    """Reads run their SQL straight where diskcache's get records no access, and through
+    diskcache's get where it does: the same answers, expiry included."""
+    store = DiskStore(str(tmp_path / "values"), eviction_policy=policy)
+    try:
+        store.set(b"kept", b"v", 3, None, stamp=7, written_at=5.0)
+        store.set(b"expired", b"v", 0, 0.001)
+        store.set(b"large", b"L" * 2**16, 0, 60)
+        entry = store.get(b"kept")
+        assert entry is not None
+        assert (entry.data, entry.flags, entry.written_at, entry.expire_at, entry.stamp) == (
+            b"v",
+            3,
+            5.0,
+            None,
+            7,
+        )
+        large = store.get(b"large")
+        assert large is not None
+        assert large.data == b"L" * 2**16
+        assert large.expire_at is not None
+        time.sleep(0.01)  # past the expiry of "expired" (a real clock: diskcache reads it)
+        assert store.get(b"expired") is None
+        assert store.get(b"absent") is None
+    finally:
+        store.close()
+
+
+def test_keys_go_to_the_shard_diskcache_places_them_in(tmp_path: Path) -> None:
+    """The tier's own placement of a key is FanoutCache's, which its whole-cache
+    operations rely on."""
+    store = DiskStore(str(tmp_path / "values"), shards=8)
+    try:
+        fanout = store._cache()
+        keys = [b"", b"k", b"\xff" * 300, *(b"key-%d" % i for i in range(200))]
+        assert [store.shard_of(k) for k in keys] == [fanout._hash(k) % 8 for k in keys]
+        assert len({store.shard_of(k) for k in keys}) == 8
     finally:
         store.close()

@@ -1,0 +1,64 @@
+"""The node states' files removed under the processes that map them: a read from disk
+stops trusting them at once when another process moved to the new files, and within
+CHECK_INTERVAL by its own check otherwise. (Two NodeStates on one directory stand for two
+processes.)"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from django_fastcache.disk import nodestate
+from django_fastcache.disk.nodestate import NodeStates
+
+NODES = ("127.0.0.1:11211",)
+
+
+def _remove_files(directory: Path) -> None:
+    """As a temp cleaner would."""
+    for name in os.listdir(directory):
+        os.unlink(directory / name)
+
+
+def test_a_process_on_removed_files_stops_trusting_them_once_another_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No check of its own within the test: only the mark left by the other can tell it.
+    monkeypatch.setattr(nodestate, "CHECK_INTERVAL", 3600.0)
+    a, b = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
+    written = time.time()
+    assert a.trusts(b"key", written)
+    assert b.trusts(b"key", written)
+    _remove_files(tmp_path)
+    a.reopen(time.time())
+    assert a.reopened == 1
+    assert not b.trusts(b"key", time.time() + 60)
+    # B moves in turn: the mark on the pages it leaves is not carried over to the new ones.
+    b.reopen(time.time())
+    assert b.reopened == 1
+    later = time.time() + 1
+    assert a.trusts(b"key", later)
+    assert b.trusts(b"key", later)
+    assert not b.trusts(b"key", written)  # written before the move: distrusted host-wide
+
+
+def test_a_removal_nobody_moved_from_yet_is_noticed_by_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nodestate, "CHECK_INTERVAL", 0.0)
+    states = NodeStates(str(tmp_path), NODES)
+    assert states.trusts(b"key", time.time())
+    _remove_files(tmp_path)
+    assert not states.trusts(b"key", time.time() + 60)
+    states.reopen(time.time())
+    assert states.trusts(b"key", time.time() + 1)
+
+
+def test_files_that_were_not_replaced_are_never_marked(tmp_path: Path) -> None:
+    a, b = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
+    a.reopen(time.time())  # nothing replaced: nothing to do
+    assert a.reopened == 0
+    assert b.trusts(b"key", time.time() + 1)
