@@ -10,10 +10,10 @@ lost a write). So every write to the disk tier's databases runs inside :func:`wr
 a fork waits (at most ``FORK_WAIT`` seconds) until none is in flight, holding new ones back
 meanwhile. A write holds its lock for a memcached round trip at most, so the wait is short.
 
-The gate costs a lock round trip per disk write; reads are not gated (a read lock copied
-into the child blocks no writer). Opening and closing a connection are gated too: SQLite
-holds process-wide mutexes meanwhile, and a child inheriting one held would hang on its
-first open.
+Reads, and opening and closing a connection, are gated too: SQLite takes process-wide
+mutexes inside every call (its allocator's among them), and a child inheriting one held
+would hang on its first use of SQLite. The gate costs a lock round trip per call into the
+disk tier, which the request path makes only on a memcached miss or outage.
 
 A child never closes a connection its parent opened (SQLite's own rule: closing one may
 checkpoint or remove files from under the parent). CPython frees the other threads' locals
@@ -77,9 +77,9 @@ def hold(owner: object, connection: object) -> None:
     connections[key] = (weakref.ref(owner, forget), connection)
 
 
-@contextlib.contextmanager
-def writing() -> Iterator[None]:
-    """Around a write to one of the disk tier's databases (nested calls cost nothing)."""
+def enter() -> None:
+    """A call into SQLite begins (nested calls cost a thread-local read); pair with
+    :func:`leave`. Waits while a fork is under way."""
     global _active
     local = _local
     depth: int = getattr(local, "depth", 0)
@@ -89,15 +89,29 @@ def writing() -> Iterator[None]:
                 _condition.wait()
             _active += 1
     local.depth = depth + 1
+
+
+def leave() -> None:
+    """The call into SQLite that :func:`enter` began has ended."""
+    global _active
+    local = _local
+    depth: int = local.depth - 1
+    local.depth = depth
+    if depth == 0:
+        with _condition:
+            _active -= 1
+            if _active == 0:
+                _condition.notify_all()
+
+
+@contextlib.contextmanager
+def writing() -> Iterator[None]:
+    """Around a write to one of the disk tier's databases (nested calls cost nothing)."""
+    enter()
     try:
         yield
     finally:
-        local.depth = depth
-        if depth == 0:
-            with _condition:
-                _active -= 1
-                if _active == 0:
-                    _condition.notify_all()
+        leave()
 
 
 def _before_fork() -> None:

@@ -1,5 +1,6 @@
-"""A disk tier shard: diskcache's ``Cache``, its SQLite connections opened and closed inside
-the fork gate, and never closed in a forked child (see :mod:`.forkgate`).
+"""A disk tier shard: diskcache's ``Cache``, its SQLite connections opened and closed (and
+its reads made) inside the fork gate, and never closed in a forked child (see
+:mod:`.forkgate`).
 
 diskcache opens a connection per thread on first use, and closes the one a thread holds
 when it finds the process id changed. Both are what a fork must not cut through, or a child
@@ -38,6 +39,21 @@ class Shard(diskcache.Cache):  # type: ignore[misc]
             con: sqlite3.Connection = diskcache.Cache._con.fget(self)
             forkgate.hold(self, con)
             return con
+
+    # The shard's reads the disk tier makes outside the gate of its writes.
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        forkgate.enter()
+        try:
+            return super().get(*args, **kwargs)
+        finally:
+            forkgate.leave()
+
+    def volume(self) -> int:
+        forkgate.enter()
+        try:
+            return int(super().volume())
+        finally:
+            forkgate.leave()
 
     def close(self) -> None:
         local = self._local

@@ -137,3 +137,45 @@ def test_a_forked_child_drops_the_parents_connections_and_never_closes_them(
     assert entry is not None
     assert entry.data == b"child"
     store.close()
+
+
+def test_forks_while_threads_read_the_disk_tier_never_hang_a_child(tmp_path: Path) -> None:
+    directory = str(tmp_path / "disk")
+    store = DiskStore(directory)
+    for number in range(50):
+        store.set(b"k%d" % number, b"v" * 200, 0, None)
+    stop = threading.Event()
+
+    def read_again_and_again() -> None:
+        # SQLite takes process-wide mutexes inside every call (its allocator's among
+        # them): a fork must not land while one is held.
+        while not stop.is_set():
+            for number in range(50):
+                store.get(b"k%d" % number)
+            store.volume()
+
+    threads = [threading.Thread(target=read_again_and_again, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    statuses: list[int] = []
+    try:
+        for round_ in range(40):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    own = DiskStore(directory)
+                    own.set(b"child", b"%d" % round_, 0, None)
+                    code = 0 if own.get(b"k1") is not None else 2
+                except BaseException:
+                    os.write(2, traceback.format_exc().encode())
+                    raise
+                finally:
+                    os._exit(code)
+            statuses.append(_wait(pid))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert statuses == [0] * len(statuses), f"children that hung (-1) or failed: {statuses}"
+    store.close()
