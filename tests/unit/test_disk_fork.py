@@ -37,15 +37,16 @@ def _wait(pid: int) -> int:
         time.sleep(0.005)
 
 
-def _database_files() -> dict[int, str]:
-    """This process's open descriptors of the disk tier's SQLite files."""
+def _database_files(directory: str) -> dict[int, str]:
+    """This process's open descriptors of the SQLite files of the disk tier at
+    ``directory``."""
     found: dict[int, str] = {}
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue
-        if "cache.db" in target:
+        if target.startswith(directory) and "cache.db" in target:
             found[int(name)] = target
     return found
 
@@ -112,7 +113,7 @@ def test_a_forked_child_drops_the_parents_connections_and_never_closes_them(
     thread = threading.Thread(target=read_and_stay, daemon=True)
     thread.start()
     assert opened.wait(10)
-    inherited = _database_files()
+    inherited = _database_files(directory)
     assert inherited
     try:
         pid = os.fork()
@@ -123,7 +124,7 @@ def test_a_forked_child_drops_the_parents_connections_and_never_closes_them(
                 entry = store.get(b"k")
                 gc.collect()  # whatever the child dropped is gone now
                 store.close()
-                still_open = {fd: target for fd, target in _database_files().items()}
+                still_open = {fd: target for fd, target in _database_files(directory).items()}
                 kept = all(still_open.get(fd) == target for fd, target in inherited.items())
                 code = 0 if kept and entry is not None and entry.data == b"child" else 2
             finally:
