@@ -325,7 +325,8 @@ async def add_over_stub(
 ) -> bool:
     """After memcached refused an ``add``: store anyway when what holds the key is a lease's
     stub (a missing value being computed), with the stub's CAS, so the add wins over the
-    lease as a set would. False when the key holds a value."""
+    lease as a set would. False when the key holds a value. (Without the disk tier: the
+    tier's own add replaces a stub, only when the disk has no value for the key either.)"""
     node = client.cluster.node_index(wire)
     if not meta_support(cache._options.protocol, client.cluster).known(node):
         return False  # no meta, no stubs
@@ -339,12 +340,7 @@ async def add_over_stub(
         return False
     exptime = memcached_exptime(ttl, time.time())
     stored = await client.meta_set(wire, data, flags=flags, exptime=exptime, cas=reply.cas)
-    if stored.status is not MetaStatus.HD:
-        return False
-    stack = cache._shared()
-    if stack.tiered is not None:
-        await stack.store.set(client, wire, data, flags, ttl)
-    return True
+    return stored.status is MetaStatus.HD
 
 
 async def is_stub_now(client: CommandSet, wire: bytes) -> bool:

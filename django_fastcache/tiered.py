@@ -576,43 +576,90 @@ class TieredStore:
         bumped: list[int],
     ) -> bool:
         """``add`` where memcached may have lost a value the disk tier still holds (a
-        restart, or a replay's deletes): that value counts, as get would have answered it."""
-        prev = self.stamps.current(key)
-        stamp = self.stamps.bump(key)
-        bumped[:] = [prev, stamp]
-        now = time.time()
-        if not await client.add(key, data, flags=flags, exptime=memcached_exptime(ttl, now)):
-            if holds_value(prev):
-                # memcached holds the key: its disk copy, stamped anew, from memcached's.
-                await self._copy_back(client, key, stamp)
-            return False
-        entry = self._on_disk(key, prev)
-        if entry is None:
-            self._queue(key, stamp, data, flags, ttl, now)
-            return True
-        # The key existed after all: its value goes back over this add (unless a write
-        # replaced it meanwhile), and its disk copy is kept under the new stamp.
-        self.behind.put(key, stamp, entry.data, entry.flags, entry.expire_at, entry.written_at)
-        with contextlib.suppress(FastCacheError):
-            held = await client.meta_get(key, value=True, cas=True, client_flags=True)
-            if held is not None and held.value == data and held.client_flags == flags:
-                now = time.time()
-                exptime = memcached_exptime(entry.remaining_seconds(now), now)
-                await client.meta_set(
-                    key, entry.data, flags=entry.flags, exptime=exptime, cas=held.cas
+        restart, or a replay's deletes): that value counts, as get would have answered it.
+
+        The add takes the key's lease first (``mg … N``), so that memcached holds nothing a
+        reader could see while the disk is consulted: a value found there goes back under
+        the lease and the add is refused; otherwise the add's value is stored with the
+        lease's CAS. A stub of another caller (a refill, or a ``get_or_set`` computing) is
+        replaced only when the disk has nothing either, as a set would replace it. A write
+        or delete landing meanwhile replaces or removes the stub, and the CAS store fails."""
+        for _try in range(_STUB_TRIES):
+            try:
+                lease = await client.meta_get(
+                    key, value=True, cas=True, client_flags=True, vivify=self.lease_seconds
                 )
+            except MetaUnsupportedError:
+                return await self._add_classic(client, key, data, flags, ttl, bumped)
+            if lease is None:
+                continue  # no lease handed out (the item went meanwhile): ask again
+            if lease.stale or not _is_stub(lease.value or b"", lease.client_flags or 0):
+                if lease.win and lease.stale:
+                    # Reading a stale value took its win: mark it stale again.
+                    with contextlib.suppress(FastCacheError):
+                        await client.meta_delete(key, cas=lease.cas, invalidate=True)
+                return False  # memcached holds a value
+            # A stub: this caller's lease, or another's. The stamp is read after it, so a
+            # write or delete stamped before it shows here; one stamped later lands in
+            # memcached after the stub was made, and the CAS store below fails.
+            prev = self.stamps.current(key)
+            entry = self._on_disk(key, prev)
+            if entry is not None:
+                # The key exists: get would answer it from disk. Back into memcached under
+                # this caller's lease (another's is a refill of it under way).
+                if lease.win:
+                    now = time.time()
+                    exptime = memcached_exptime(entry.remaining_seconds(now), now)
+                    with contextlib.suppress(FastCacheError):
+                        stored = await client.meta_set(
+                            key, entry.data, flags=entry.flags, exptime=exptime, cas=lease.cas
+                        )
+                        if stored.status is MetaStatus.HD:
+                            self.metrics.refills += 1
+                return False
+            stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
+            bumped[:] = [prev, stamp]
+            now = time.time()
+            stored = await client.meta_set(
+                key, data, flags=flags, exptime=memcached_exptime(ttl, now), cas=lease.cas
+            )
+            if stored.status is MetaStatus.HD:
+                self._queue(key, stamp, data, flags, ttl, now)
+                return True
+            # A write replaced the stub (EX: the key holds its value now, the add is refused)
+            # or a delete removed it (NF: ask again). The add's stamp stays: the key's disk
+            # copy misses until its next write, never answers older.
+            if stored.status is not MetaStatus.NF:
+                return False
         return False
 
-    async def _copy_back(self, client: CommandSet, key: bytes, stamp: int) -> None:
-        """Queue memcached's value of ``key`` as its disk copy under ``stamp`` (an operation
-        that stamped the key left its value unchanged)."""
-        with contextlib.suppress(FastCacheError):
-            held = await client.meta_get(key, value=True, client_flags=True, ttl=True)
-            if held is None or _is_stub(held.value or b"", held.client_flags or 0):
-                return
-            assert held.value is not None
-            ttl = None if held.ttl is None or held.ttl < 0 else float(held.ttl)
-            self._queue(key, stamp, held.value, held.client_flags or 0, ttl, time.time())
+    async def _add_classic(
+        self,
+        client: CommandSet,
+        key: bytes,
+        data: bytes,
+        flags: int,
+        ttl: float | None,
+        bumped: list[int],
+    ) -> bool:
+        """``add`` on a memcached without the meta protocol (no leases, and so no refills
+        to race with): memcached's add, then the disk consulted. A value found there makes
+        the add refused; without a CAS its value cannot be swapped back in safely, so the
+        add's value is deleted again and the key misses in memcached (get answers it from
+        disk). The stamp moves only once the add took: a refused add leaves the key's disk
+        copy as it was."""
+        now = time.time()
+        if not await client.add(key, data, flags=flags, exptime=memcached_exptime(ttl, now)):
+            return False
+        prev = self.stamps.current(key)
+        if self._on_disk(key, prev) is not None:
+            with contextlib.suppress(FastCacheError):
+                await client.delete(key)
+            return False
+        stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
+        bumped[:] = [prev, stamp]
+        self._queue(key, stamp, data, flags, ttl, now)
+        return True
 
     def _add_on_disk(
         self, key: bytes, data: bytes, flags: int, ttl: float | None, bumped: list[int]

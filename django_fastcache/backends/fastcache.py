@@ -447,8 +447,11 @@ class FastCache(BaseCache):
         wire = self.wire_key(key, version)
         data, flags = self._encode(value, wire)
         ttl = self._ttl(timeout)
-        if await self._store.add(client, wire, data, flags, ttl):
+        stack = self._shared()
+        if await stack.store.add(client, wire, data, flags, ttl):
             return True
+        if stack.tiered is not None:
+            return False  # the tier replaces a stub itself, when the disk has no value either
         # Refused: unless what holds the key is a lease's stub, which the add replaces.
         return await add_over_stub(self, client, wire, data, flags, ttl)
 

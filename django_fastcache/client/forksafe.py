@@ -32,10 +32,11 @@ def register(owner: ForkAware) -> None:
 def _after_fork_in_child() -> None:
     for owner in list(_owners):
         _inherited.append(owner._forget_after_fork())
-    _keep_forever(_inherited)
+    keep_forever(_inherited)
 
 
-def _keep_forever(obj: object) -> None:
+def keep_forever(obj: object) -> None:
+    """Reference ``obj`` for the rest of the process's life, interpreter shutdown included."""
     # An extra reference that is never dropped: even interpreter shutdown in the child
     # must not deallocate (and so unregister) what belongs to the parent's epoll set.
     # (ctypes is imported with this module: importing it in the child loads a shared

@@ -10,8 +10,15 @@ lost a write). So every write to the disk tier's databases runs inside :func:`wr
 a fork waits (at most ``FORK_WAIT`` seconds) until none is in flight, holding new ones back
 meanwhile. A write holds its lock for a memcached round trip at most, so the wait is short.
 
-The gate costs a lock round trip per disk write; reads are not gated (a read lock copied
-into the child blocks no writer).
+Reads, and opening and closing a connection, are gated too: SQLite takes process-wide
+mutexes inside every call (its allocator's among them), and a child inheriting one held
+would hang on its first use of SQLite. The gate costs a lock round trip per call into the
+disk tier, which the request path makes only on a memcached miss or outage.
+
+A child never closes a connection its parent opened (SQLite's own rule: closing one may
+checkpoint or remove files from under the parent). CPython frees the other threads' locals
+in a child, and with them their connections, so every connection the disk tier opens is
+:func:`hold`-en; a fork pins what is held, and the child keeps it for the rest of its life.
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
+from ..client import forksafe
 from ..logs import logger
 
 #: Seconds a fork waits, at most, for the disk writes in flight to end.
@@ -31,11 +41,45 @@ _condition = threading.Condition(threading.Lock())
 _active = 0
 _forking = False
 _local = threading.local()
+#: This process's id, kept current by the fork hook (no getpid() per use).
+pid = os.getpid()
 
 
-@contextlib.contextmanager
-def writing() -> Iterator[None]:
-    """Around a write to one of the disk tier's databases (nested calls cost nothing)."""
+class _Held:
+    """The connections one thread opened, by owner (held weakly: an owner collected lets
+    its connection go)."""
+
+    __slots__ = ("__weakref__", "connections")
+
+    def __init__(self) -> None:
+        self.connections: dict[int, tuple[weakref.ref[Any], object]] = {}
+
+
+_threads = threading.local()
+_held: weakref.WeakSet[_Held] = weakref.WeakSet()
+#: Taken by the fork hook: every held connection, referenced across the fork.
+_at_fork: list[object] | None = None
+
+
+def hold(owner: object, connection: object) -> None:
+    """Record ``connection``, opened by this thread for ``owner`` (replacing the one it
+    opened for ``owner`` before): a child forked while ``owner`` lives never closes it."""
+    held: _Held | None = getattr(_threads, "held", None)
+    if held is None:
+        held = _threads.held = _Held()
+        _held.add(held)
+    connections = held.connections
+    key = id(owner)
+
+    def forget(_gone: object, key: int = key) -> None:
+        connections.pop(key, None)
+
+    connections[key] = (weakref.ref(owner, forget), connection)
+
+
+def enter() -> None:
+    """A call into SQLite begins (nested calls cost a thread-local read); pair with
+    :func:`leave`. Waits while a fork is under way."""
     global _active
     local = _local
     depth: int = getattr(local, "depth", 0)
@@ -45,15 +89,29 @@ def writing() -> Iterator[None]:
                 _condition.wait()
             _active += 1
     local.depth = depth + 1
+
+
+def leave() -> None:
+    """The call into SQLite that :func:`enter` began has ended."""
+    global _active
+    local = _local
+    depth: int = local.depth - 1
+    local.depth = depth
+    if depth == 0:
+        with _condition:
+            _active -= 1
+            if _active == 0:
+                _condition.notify_all()
+
+
+@contextlib.contextmanager
+def writing() -> Iterator[None]:
+    """Around a write to one of the disk tier's databases (nested calls cost nothing)."""
+    enter()
     try:
         yield
     finally:
-        local.depth = depth
-        if depth == 0:
-            with _condition:
-                _active -= 1
-                if _active == 0:
-                    _condition.notify_all()
+        leave()
 
 
 def _before_fork() -> None:
@@ -73,22 +131,33 @@ def _before_fork() -> None:
             )
             break
         _condition.wait(left)
+    # No connection opens or closes now (both are gated): what is held crosses the fork.
+    global _at_fork
+    _at_fork = [list(held.connections.values()) for held in list(_held)]
 
 
 def _after_fork_in_parent() -> None:
-    global _forking
+    global _forking, _at_fork
+    _at_fork = None
     _forking = False
     _condition.notify_all()
     _condition.release()
 
 
 def _after_fork_in_child() -> None:
-    global _condition, _active, _forking, _local
+    global _condition, _active, _forking, _local, _threads, _held, _at_fork, pid
     # The parent's writers are not in the child: nothing is in flight here.
     _condition = threading.Condition(threading.Lock())
     _active = 0
     _forking = False
     _local = threading.local()
+    pid = os.getpid()
+    # The parent's connections: referenced for ever, never closed (nor collected at exit).
+    inherited, _at_fork = _at_fork, None
+    if inherited:
+        forksafe.keep_forever(inherited)
+    _threads = threading.local()
+    _held = weakref.WeakSet()
 
 
 os.register_at_fork(

@@ -240,7 +240,7 @@ class Journal:
 
     def close(self) -> None:
         """Close this process's connection (the next use opens a new one)."""
-        with self._lock:
+        with self._lock, forkgate.writing():  # SQLite's mutexes: no fork meanwhile
             connection, self._connection = self._connection, None
             if connection is not None and self._pid == os.getpid():
                 connection.close()

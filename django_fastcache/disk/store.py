@@ -30,8 +30,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import diskcache
 
+from ..client import forksafe
 from ..errors import FastCacheError
 from . import forkgate
+from .shard import adopt
 
 T = TypeVar("T")
 
@@ -137,20 +139,31 @@ class DiskStore:
         self._plain_reads = diskcache.EVICTION_POLICY[eviction_policy]["get"] is None
         self._local = threading.local()
         self._pid = os.getpid()
+        forksafe.register(self)
+
+    def _forget_after_fork(self) -> object:
+        """In a forked child: the parent's shards (and their connections) are handed over,
+        to be kept, never closed: closing them could checkpoint the parent's databases from
+        under it. The child opens its own on first use."""
+        inherited, self._fanout, self._shards = self._fanout, None, ()
+        return inherited
 
     # -- shards --------------------------------------------------------------------------
     def _cache(self) -> diskcache.FanoutCache:
         fanout = self._fanout
         if fanout is None or self._pid != os.getpid():
-            # First use, or a forked child: SQLite connections must not cross a fork.
+            # First use, or a forked child: SQLite connections must not cross a fork. (A
+            # child handed the parent's over at the fork, see _forget_after_fork.)
             try:
                 # Only this user may write here: the values are unpickled when read.
                 os.makedirs(self.directory, mode=0o700, exist_ok=True)
-                fanout = diskcache.FanoutCache(self.directory, **self._options)
+                with forkgate.writing():  # connecting: no fork meanwhile (see forkgate)
+                    fanout = diskcache.FanoutCache(self.directory, **self._options)
+                    shards = adopt(fanout)
             except Exception as exc:
                 raise DiskError(f"cannot open the disk tier at {self.directory}: {exc}") from exc
             self._fanout, self._pid = fanout, os.getpid()
-            self._shards = tuple(fanout._shards)
+            self._shards = shards
             self._hash = fanout._hash
         return fanout
 

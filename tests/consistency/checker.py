@@ -16,8 +16,10 @@ returned normally; a failed operation (``ok=False``, an exception) may or may no
 effect, at any time after it began: it counts as a write with no end.
 
 *Mutations* are ``set`` (writes its value), ``incr`` that returned a number ``n`` (writes
-``n``), and ``delete`` (writes "nothing"). Every value written is unique (the runner makes
-sure of it), so a value read names the write it came from. A key starts as "nothing".
+``n``), ``add`` that took (logged with its value: it writes it; a refused one is logged with
+None and neither writes nor is checked), and ``delete`` (writes "nothing"). Every value
+written is unique (the runner makes sure of it), so a value read names the write it came
+from. A key starts as "nothing".
 
 A **read of a value** ``v`` (a ``get`` returning ``v``) with source write ``W`` (the write of
 ``v``) is **stale** iff some mutation ``M`` of the same key, acknowledged before the read
@@ -67,8 +69,8 @@ from typing import NamedTuple
 
 __all__ = ["Op", "Violation", "check", "format_violation"]
 
-SET, GET, DELETE, INCR = "set", "get", "delete", "incr"
-KINDS = (SET, GET, DELETE, INCR)
+SET, GET, DELETE, INCR, ADD = "set", "get", "delete", "incr", "add"
+KINDS = (SET, GET, DELETE, INCR, ADD)
 
 STALE_VALUE = "stale value"
 STALE_NOTHING = "stale nothing"
@@ -187,7 +189,7 @@ class _Key:
 
 
 def _is_write(op: Op) -> bool:
-    return op.kind == SET or (op.kind == INCR and op.value is not None)
+    return op.kind == SET or (op.kind in (INCR, ADD) and op.value is not None)
 
 
 def check(ops: Iterable[Op], *, context: int = 5) -> list[Violation]:

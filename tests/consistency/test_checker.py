@@ -9,6 +9,7 @@ import random
 import pytest
 
 from .checker import (
+    ADD,
     DELETE,
     FUTURE_VALUE,
     GET,
@@ -276,3 +277,25 @@ def test_agrees_with_the_rules_read_literally(seed: int) -> None:
         ((v.kind, v.read) for v in check(history)), key=lambda found: (found[1].start, repr(found))
     )
     assert got == expected
+
+
+def test_an_add_that_took_writes_its_value_and_a_refused_one_writes_nothing() -> None:
+    assert kinds([
+        op(0, ADD, 10, 0, 1),
+        op(1, GET, 10, 2, 3),
+        op(1, ADD, None, 4, 5),  # refused: the key held 10
+        op(0, GET, 10, 6, 7),
+        op(0, INCR, 11, 8, 9),
+    ]) == []  # fmt: skip
+    # A value read after a later add took is stale, as after a set.
+    assert kinds([
+        op(0, SET, 10, 0, 1),
+        op(0, DELETE, None, 2, 3),
+        op(1, ADD, 20, 4, 5),
+        op(1, GET, 10, 6, 7),
+    ]) == [STALE_VALUE]  # fmt: skip
+    # The counter an add started, lost and started again: a read of nothing after it is due.
+    assert kinds([
+        op(0, ADD, 30, 0, 1),
+        op(1, GET, None, 2, 3),
+    ]) == [STALE_NOTHING]  # fmt: skip

@@ -77,6 +77,18 @@ class Log:
         value: int | None = self._run(process, INCR, key, call)
         return value
 
+    def add_through(
+        self, cache: FastCache, process: int, key: str, value: int, client: Any
+    ) -> bool:
+        """:meth:`add` on the tier with ``client`` in place of its blocking client."""
+        wire = cache.wire_key(key)
+        data, flags = cache._serializer.dumps(value)
+        start = time.monotonic_ns()
+        added: bool = run_blocking(tier(cache).add(client, wire, data, flags, None))
+        if added:
+            self.ops.append(Op(process, SET, key, value, start, time.monotonic_ns(), True))
+        return added
+
     def record(self, op: Op) -> None:
         self.ops.append(op)
 
@@ -318,6 +330,60 @@ def test_add_and_incr_count_on_across_a_memcached_restart(
     server.restart()
     assert log.incr(make(server.location, directory, 1), 1, "hits") == 7
     assert log.get(cache, 0, "hits") == 7
+    assert log.stale_reads() == []
+
+
+def test_an_add_over_a_value_only_the_disk_holds_never_shows_its_own(
+    server: MemcachedServer, directory: str
+) -> None:
+    # The add holds the key's lease while it consults the disk: another process reading
+    # meanwhile finds the stub (a miss) and is answered from disk, never the add's value.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "hits", 5)
+    assert tier(cache).flush()
+    server.restart()
+    seen: list[Any] = []
+
+    def read_meanwhile() -> None:
+        seen.append(log.get(other, 1, "hits"))
+
+    client = _Between(tier(cache).blocking, "meta_set", read_meanwhile)
+    assert log.add_through(cache, 0, "hits", 0, client) is False
+    assert seen == [5]
+    assert log.incr(other, 1, "hits") == 6
+    assert log.get(cache, 0, "hits") == 6
+    assert log.stale_reads() == []
+
+
+@pytest.mark.parametrize("racer", ["set", "delete"])
+def test_a_write_or_delete_racing_an_adds_lease_wins(
+    server: MemcachedServer, directory: str, racer: str
+) -> None:
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+
+    def write_meanwhile() -> None:
+        if racer == "set":
+            log.set(other, 1, "k", 2)
+        else:
+            log.delete(other, 1, "k")
+
+    # The add's lease is taken, its store not yet sent, when the other process writes.
+    added = log.add_through(
+        cache, 0, "k", 1, _Between(tier(cache).blocking, "meta_set", write_meanwhile)
+    )
+    # A set replaced the stub: the add is refused and the set stands. A delete removed
+    # the stub: the add takes a new lease and stores (it comes after the delete).
+    assert added is (racer == "delete")
+    expected = 2 if racer == "set" else 1
+    assert tier(cache).flush()
+    assert tier(other).flush()
+    for process, each in ((0, cache), (1, other)):
+        assert log.get(each, process, "k") == expected
+    server.restart()  # the disk answers now: the same value
+    for process, each in ((0, cache), (1, other)):
+        assert log.get(each, process, "k") == expected
     assert log.stale_reads() == []
 
 

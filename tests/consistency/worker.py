@@ -21,7 +21,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from .checker import DELETE, GET, INCR, SET
+from .checker import ADD, DELETE, GET, INCR, SET
 
 #: The log's columns and their array type codes. ``kind`` indexes :data:`KINDS`, ``key``
 #: the worker's key list, ``source`` :data:`SOURCES`; ``value`` is :data:`NOTHING` for None.
@@ -34,7 +34,7 @@ COLUMNS = {
     "ok": "b",
     "source": "b",
 }
-KINDS = (GET, SET, DELETE, INCR)
+KINDS = (GET, SET, DELETE, INCR, ADD)
 #: Where an answer came from, as the worker saw it in the disk tier's counters.
 SOURCES = ("memcached", "fallback", "disk", "journaled")
 MEMCACHED, FALLBACK, DISK, JOURNALED = range(len(SOURCES))
@@ -59,8 +59,8 @@ class WorkerConfig:
     keys: int
     seed: int
     log_path: str
-    #: Chances of each kind of operation (get, set, delete, incr).
-    mix: tuple[float, float, float, float] = (0.45, 0.25, 0.12, 0.18)
+    #: Chances of each kind of operation (get, set, delete, incr, add).
+    mix: tuple[float, float, float, float, float] = (0.43, 0.22, 0.12, 0.17, 0.06)
 
 
 def configure_django(location: list[str], options: dict[str, Any]) -> None:
@@ -124,11 +124,16 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
                 cache.set(keys[key], value, timeout=None)
             elif kind == 2:
                 cache.delete(keys[key])
-            else:
+            elif kind == 3:
                 try:
                     value = cache.incr(keys[key])
                 except ValueError:
                     value = None  # the key was missing
+            else:
+                writes += 1
+                value = base + writes * WRITE_SPACING
+                if not cache.add(keys[key], value, timeout=None):
+                    value = None  # refused: the key held a value
         except Exception:
             ok = False
             errors.append(traceback.format_exc())

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from django_fastcache.backends import FastCache
+from django_fastcache.bridge import run_blocking
 from django_fastcache.disk import DiskEntry
 from django_fastcache.errors import ProtocolError, ServerError, ValueTooLargeError
 from django_fastcache.serializers import FLAG_INTEGER
@@ -480,6 +481,74 @@ def test_incr_of_a_key_memcached_lost_counts_on_the_disk_value(
     memcached.flush()
     assert cache.incr("n") == 42
     assert both_tiers(cache, raw, "n") == ((b"42", FLAG_INTEGER),) * 2
+
+
+def test_add_over_a_value_memcached_lost_is_refused_and_puts_it_back(
+    cache: FastCache, memcached: MemcachedServer, raw: Raw
+) -> None:
+    cache.set("n", 41, timeout=1000)
+    landed(cache)
+    memcached.flush()
+    # get would answer 41 from disk: add refuses, in both APIs, and the value is back in
+    # memcached (never the add's own).
+    assert cache.add("n", 0) is False
+    assert raw.get(cache.wire_key("n")) == (b"41", FLAG_INTEGER)
+    memcached.flush()
+    assert asyncio.run(cache.aadd("n", 0)) is False
+    assert cache.incr("n") == 42
+    assert both_tiers(cache, raw, "n") == ((b"42", FLAG_INTEGER),) * 2
+
+
+def test_add_over_another_callers_stub_is_refused_while_the_disk_holds_a_value(
+    cache: FastCache, memcached: MemcachedServer, raw: Raw
+) -> None:
+    cache.set("n", 41, timeout=1000)
+    landed(cache)
+    memcached.flush()
+    store = tiered(cache)
+    wire = cache.wire_key("n")
+    # Another process's refill of the disk value holds the key's lease.
+    lease = run_blocking(store.blocking.meta_get(wire, cas=True, vivify=30))
+    assert lease is not None
+    assert lease.win
+    assert cache.add("n", 0) is False
+    assert cache.get("n") == 41  # the stub reads as a miss: the disk answers
+    # The refill lands; the count goes on from it.
+    run_blocking(store.blocking.meta_set(wire, b"41", flags=FLAG_INTEGER, cas=lease.cas))
+    assert cache.incr("n") == 42
+
+
+def test_add_over_a_stub_with_nothing_on_disk_replaces_it(
+    cache: FastCache, memcached: MemcachedServer, raw: Raw
+) -> None:
+    store = tiered(cache)
+    wire = cache.wire_key("fresh")
+    # A get_or_set computing the missing key holds its lease: add wins over it, as set would.
+    lease = run_blocking(store.blocking.meta_get(wire, cas=True, vivify=30))
+    assert lease is not None
+    assert lease.win
+    assert cache.add("fresh", 7) is True
+    assert both_tiers(cache, raw, "fresh") == (encoded(cache, 7),) * 2
+    assert cache.add("fresh", 8) is False
+    assert cache.get("fresh") == 7
+
+
+def test_add_after_a_replay_deleted_the_counter_counts_on(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make_cache(server.location, disk_directory, operation_timeout=0.5)
+    cache.set("hits", 0, timeout=None)
+    assert cache.incr("hits") == 1
+    landed(cache)
+    server.pause()  # memcached keeps its count, 1
+    assert cache.incr("hits") == 2  # times out, marks the node out: journaled, on disk
+    assert node_state(cache, server.location) == {"state": "out", "journal_length": 1}
+    server.resume()
+    wait_for_state(cache, server.location, "up")  # the replay deleted the key in memcached
+    assert Raw(server).get(cache.wire_key("hits")) is None
+    assert cache.add("hits", 0) is False
+    assert cache.incr("hits") == 3
+    assert cache.get("hits") == 3
 
 
 def test_clear_empties_both_tiers(cache: FastCache, raw: Raw) -> None:
