@@ -262,7 +262,11 @@ class DiskStore:
                 # diskcache's own get, as it runs for an eviction policy that records no
                 # access (its fast path), for a row with no file of its own.
                 index = self.shard_of(key)
-                rows = self._reader(index).execute(_SELECT, (key, time.time())).fetchall()
+                forkgate.enter()  # inside SQLite: no fork meanwhile (see forkgate)
+                try:
+                    rows = self._reader(index).execute(_SELECT, (key, time.time())).fetchall()
+                finally:
+                    forkgate.leave()
                 if not rows:
                     return None
                 ((expire_at, mode, filename, raw),) = rows
