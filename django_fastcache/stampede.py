@@ -254,7 +254,7 @@ async def _recompute(
             wire, data, flags=flags, exptime=memcached_exptime(ttl, time.time()), cas=lease.cas
         )
     except BaseException:
-        await _release(client, wire, lease, stub)
+        await release(client, wire, lease, stub)
         raise
     stack = cache._shared()
     if stored.status is MetaStatus.HD and stack.tiered is not None:
@@ -264,7 +264,7 @@ async def _recompute(
     return value
 
 
-async def _release(client: CommandSet, wire: bytes, lease: MetaReply, stub: bool) -> None:
+async def release(client: CommandSet, wire: bytes, lease: MetaReply, stub: bool) -> None:
     """Give back a lease whose winner failed: its stub deleted (if still its own), or a
     stale value marked stale again, so that the next caller wins at once. A win near
     expiry needs nothing: the value still serves, and expires as it would have."""
@@ -335,7 +335,7 @@ async def add_over_stub(
     if not is_stub(reply.value or b"", reply.client_flags or 0):
         if reply.win and reply.stale:
             # Reading a stale value took its win: mark it stale again for get_or_set.
-            await _release(client, wire, reply, False)
+            await release(client, wire, reply, False)
         return False
     exptime = memcached_exptime(ttl, time.time())
     stored = await client.meta_set(wire, data, flags=flags, exptime=exptime, cas=reply.cas)
@@ -365,4 +365,5 @@ __all__ = [
     "is_stub",
     "is_stub_now",
     "meta_support",
+    "release",
 ]
