@@ -396,6 +396,29 @@ class TieredStore:
             return True
         return False
 
+    async def answer_leased_miss(
+        self, client: CommandSet, key: bytes, cas: int | None
+    ) -> tuple[bytes, int] | None:
+        """A get_or_set winner's miss (it holds the stub of CAS ``cas``): the disk tier's
+        entry, stored back under that lease, or None.
+
+        The stub was made before the entry is read, so a write or delete that reached
+        memcached first has stamped the key already (the entry no longer answers), and one
+        that lands later replaces or deletes the stub (the store fails)."""
+        entry = self._on_disk(key)
+        if entry is None:
+            return None
+        self.metrics.disk_hits += 1
+        now = time.time()
+        exptime = memcached_exptime(entry.remaining_seconds(now), now)
+        with contextlib.suppress(FastCacheError):
+            stored = await client.meta_set(
+                key, entry.data, flags=entry.flags, exptime=exptime, cas=cas
+            )
+            if stored.status is MetaStatus.HD:
+                self.metrics.refills += 1
+        return entry.data, entry.flags
+
     async def get_many(
         self, client: CommandSet, keys: list[bytes]
     ) -> dict[bytes, tuple[bytes, int]]:
@@ -501,6 +524,38 @@ class TieredStore:
             )
             if done:
                 return result
+        return False
+
+    async def store_leased(
+        self,
+        client: CommandSet,
+        key: bytes,
+        data: bytes,
+        flags: int,
+        ttl: float | None,
+        cas: int | None,
+    ) -> bool:
+        """A lease winner's store (``ms … C<cas>``) as a write: stamped first, its disk copy
+        queued once memcached took it. False when a write or delete replaced the lease's
+        item meanwhile (memcached's value, if any, becomes the disk copy under the new
+        stamp), or when the node failed or is out (nothing to hold a lease with)."""
+        node = self.cluster.node_index(key)
+        if self.states.is_out(node):
+            return False
+        stamp = self.stamps.bump(key)
+        now = time.time()
+        try:
+            stored = await client.meta_set(
+                key, data, flags=flags, exptime=memcached_exptime(ttl, now), cas=cas
+            )
+        except FastCacheError as exc:
+            self._memcached_failed(node, exc, read=False)
+            return False
+        if stored.status is MetaStatus.HD:
+            self._queue(key, stamp, data, flags, ttl, now)
+            return True
+        if stored.status is MetaStatus.EX:
+            await self._copy_back(client, key, stamp)
         return False
 
     def _set_on_disk(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:

@@ -17,7 +17,7 @@ from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
 from django_fastcache.protocol import MetaUnsupportedError
 from django_fastcache.testing.fake_server import FakeMemcached
-from django_fastcache.testing.servers import MemcachedServer
+from django_fastcache.testing.servers import MemcachedServer, free_port
 from tests.conftest import MEMCACHED_ONLY
 
 pytestmark = pytest.mark.integration
@@ -425,9 +425,9 @@ def test_invalidate_with_the_disk_tier_deletes(
 
 
 def test_one_caller_recomputes_ahead_of_expiry_while_others_get_the_value(
-    memcached: MemcachedServer,
+    memcached: MemcachedServer, tier_options: dict[str, Any]
 ) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=120)
+    cache = make(memcached.location, tier_options, stale_while_revalidate=120)
     cache.set("k", "current", timeout=60)  # 60 s left: within the 120 s window
     thread, release, _computing, results = run_blocked_winner(cache, "k", "fresh")
     try:
@@ -439,6 +439,87 @@ def test_one_caller_recomputes_ahead_of_expiry_while_others_get_the_value(
         thread.join(WAIT)
     assert results == ["fresh"]
     assert cache.get("k") == "fresh"
+
+
+# -- with the disk tier -------------------------------------------------------------------
+
+
+def landed_and_gone_from_memcached(cache: FastCache, key: str) -> None:
+    """The tier's disk copies landed; ``key`` then removed from memcached behind the tier's
+    back (as an eviction or a restart would), so that only the disk tier can answer it."""
+    tier = cache._shared().tiered
+    assert tier is not None
+    assert tier.flush()
+    run_blocking(cache.blocking_client.meta_delete(cache.wire_key(key)))
+
+
+def test_with_the_tier_a_memcached_miss_is_answered_from_disk_under_the_lease(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory})
+    cache.set("k", "on disk")
+    landed_and_gone_from_memcached(cache, "k")
+    calls = Calls()
+    assert cache.get_or_set("k", calls) == "on disk"
+    assert calls.count == 0
+    put_back = raw_mg(cache, "k")
+    assert put_back is not None
+    assert put_back.value != b""  # the value, back in memcached (not a stub)
+    assert cache.get("k") == "on disk"
+
+
+def test_with_the_tier_the_winners_value_gets_its_disk_copy(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory})
+    assert cache.get_or_set("k", Calls("computed")) == "computed"
+    landed_and_gone_from_memcached(cache, "k")
+    assert cache.get("k") == "computed"  # from the disk tier
+
+
+def test_with_the_tier_a_set_while_the_winner_computes_wins_on_disk_too(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory})
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "winner's")
+    try:
+        cache.set("k", "set meanwhile")
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert results == ["winner's"]  # returned to its caller, not stored
+    assert cache.get("k") == "set meanwhile"
+    landed_and_gone_from_memcached(cache, "k")
+    assert cache.get("k") == "set meanwhile"  # the disk copy is the set's
+
+
+def test_with_the_tier_a_delete_while_the_winner_computes_leaves_nothing_on_disk(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory})
+    cache.set("k", "old")
+    cache.delete("k")
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "winner's")
+    try:
+        cache.delete("k")  # (True: memcached removed the stub)
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert results == ["winner's"]
+    landed_and_gone_from_memcached(cache, "k")
+    assert cache.get("k") is None
+
+
+def test_with_the_tier_get_or_set_and_add_work_while_the_node_is_out(disk_directory: str) -> None:
+    location = f"127.0.0.1:{free_port()}"  # nothing listens here
+    cache = make(location, {"disk_directory": disk_directory}, protocol="meta")
+    cache.set("k", "on disk")  # fails to connect, marks the node out, goes to disk
+    assert cache.add("k", "other") is False  # refused by the disk tier, not raised
+    calls = Calls("computed")
+    assert cache.get_or_set("k", calls) == "on disk"
+    assert cache.get_or_set("new", calls) == "computed"
+    assert calls.count == 1
+    assert cache.get("new") == "computed"
 
 
 # -- stubs through the classic commands ----------------------------------------------------
