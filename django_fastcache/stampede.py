@@ -317,16 +317,19 @@ async def invalidate(
     version: int | None,
     stale_timeout: float | None,
 ) -> bool:
-    """Mark the value stale (``md … I``) instead of deleting it; a plain delete where the
-    node does not speak meta, and with the disk tier on (whose copy must go)."""
+    """Mark the value stale (``md … I``) instead of deleting it (with the disk tier on, its
+    disk copy is deleted); a plain delete where the node does not speak meta."""
     stack = cache._shared()
     wire = cache.wire_key(key, version)
     node = client.cluster.node_index(wire)
     support = meta_support(cache._options.protocol, client.cluster)
-    if stack.tiered is not None or not await support.speaks(client, node):
+    tier = stack.tiered
+    if (tier is not None and tier.states.is_out(node)) or not await support.speaks(client, node):
         return await stack.store.delete(client, wire)
     exptime = None if stale_timeout is None else memcached_exptime(stale_timeout, time.time())
     try:
+        if tier is not None:
+            return await tier.invalidate(client, wire, exptime)
         reply = await client.meta_delete(wire, invalidate=True, exptime=exptime)
     except MetaUnsupportedError as exc:
         support.refused(node, exc)

@@ -740,7 +740,8 @@ class FastCache(BaseCache):
         (``md … I``) and get_or_set hands one caller its recompute, serving the stale copy
         meanwhile with ``stale_while_revalidate``. Plain ``get`` still returns it until
         then. ``stale_timeout``: seconds the stale copy may live (None: its own expiry).
-        A plain delete with the disk tier on or where the node does not speak meta."""
+        With the disk tier on, the disk copy is deleted. A plain delete where the node
+        does not speak meta (or, with the tier, is out)."""
         return run_blocking(_invalidate(self, self.blocking_client, key, version, stale_timeout))
 
     async def ainvalidate(

@@ -53,6 +53,11 @@ WRITE_SPACING = 10**4
 #: may or may not have landed (a failed set: the lease's store can lose to another write),
 #: and, if it returned another value (Django's own get_or_set reads again), as a read too.
 GET_OR_SET_SHARE = 0.3
+#: The share of deletes made with invalidate() instead: memcached keeps the value, marked
+#: stale, which plain reads may still return until get_or_set replaces it or it expires.
+#: Logged as a delete that may or may not have taken effect (a failed one): it explains a
+#: later miss, and makes no read of the old value stale.
+INVALIDATE_SHARE = 0.3
 
 
 @dataclass
@@ -140,6 +145,9 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
                 writes += 1
                 value = base + writes * WRITE_SPACING
                 cache.set(keys[key], value, timeout=None)
+            elif kind == 2 and rng.random() < INVALIDATE_SHARE:
+                cache.invalidate(keys[key])  # type: ignore[attr-defined]
+                ok = False  # (not an error: see INVALIDATE_SHARE)
             elif kind == 2:
                 cache.delete(keys[key])
             else:

@@ -350,9 +350,9 @@ def test_waiting_is_bounded_by_stampede_wait(
 
 
 def test_invalidate_serves_the_stale_value_while_one_caller_recomputes(
-    memcached: MemcachedServer,
+    memcached: MemcachedServer, tier_options: dict[str, Any]
 ) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=30)
+    cache = make(memcached.location, tier_options, stale_while_revalidate=30)
     cache.set("k", "old")
     # (Not looked at here: the first meta read of a stale value takes its win.)
     assert cache.invalidate("k", stale_timeout=60)
@@ -370,9 +370,9 @@ def test_invalidate_serves_the_stale_value_while_one_caller_recomputes(
 
 
 def test_without_stale_while_revalidate_a_stale_value_is_waited_out(
-    memcached: MemcachedServer,
+    memcached: MemcachedServer, tier_options: dict[str, Any]
 ) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY)
+    cache = make(memcached.location, tier_options)
     cache.set("k", "old")
     assert cache.invalidate("k")
     thread, release, _computing, results = run_blocked_winner(cache, "k", "new")
@@ -386,9 +386,9 @@ def test_without_stale_while_revalidate_a_stale_value_is_waited_out(
 
 
 def test_a_winner_of_a_stale_value_that_raises_marks_it_stale_again(
-    memcached: MemcachedServer,
+    memcached: MemcachedServer, tier_options: dict[str, Any]
 ) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=30)
+    cache = make(memcached.location, tier_options, stale_while_revalidate=30)
     cache.set("k", "old")
     cache.invalidate("k")
 
@@ -402,8 +402,8 @@ def test_a_winner_of_a_stale_value_that_raises_marks_it_stale_again(
     assert calls.count == 1
 
 
-def test_async_invalidate(memcached: MemcachedServer) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=30)
+def test_async_invalidate(memcached: MemcachedServer, tier_options: dict[str, Any]) -> None:
+    cache = make(memcached.location, tier_options, stale_while_revalidate=30)
 
     async def work() -> Any:
         await cache.aset("k", "old")
@@ -414,14 +414,50 @@ def test_async_invalidate(memcached: MemcachedServer) -> None:
     assert arun(cache, work) == "new"  # the first caller after invalidate wins
 
 
-def test_invalidate_with_the_disk_tier_deletes(
+def test_invalidate_with_the_disk_tier_keeps_the_stale_copy_in_memcached_only(
     memcached: MemcachedServer, disk_directory: str
 ) -> None:
     cache = make(memcached.location, {"disk_directory": disk_directory})
     cache.set("k", "old")
-    assert cache.invalidate("k")
-    assert cache.get("k") is None
-    assert raw_mg(cache, "k") is None
+    assert cache.invalidate("k", stale_timeout=60)
+    kept = raw_mg(cache, "k", ttl=True)
+    assert kept is not None
+    assert kept.stale
+    assert 0 < kept.ttl <= 60
+    assert cache.get("k") == "old"  # plain get: memcached's (stale) value, as documented
+    landed_and_gone_from_memcached(cache, "k")
+    assert cache.get("k") is None  # the disk copy went as a delete's would
+    assert not cache.invalidate("k")
+
+
+@pytest.mark.parametrize("operation", ["touch", "add", "a lease store that fails"])
+def test_with_the_tier_a_read_that_takes_a_stale_items_win_gives_it_back(
+    memcached: MemcachedServer, disk_directory: str, operation: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory}, stampede_wait=0.3)
+    if operation == "a lease store that fails":
+        # The winner's stub is invalidated while it computes: its store fails, and the
+        # tier's look at what memcached holds takes the stale stub's win.
+        thread, release, _computing, results = run_blocked_winner(cache, "k", "lost")
+        try:
+            assert cache.invalidate("k")
+        finally:
+            release.set()
+            thread.join(WAIT)
+        assert results == ["lost"]
+    else:
+        cache.set("k", "old")
+        assert cache.invalidate("k")
+        if operation == "touch":
+            assert cache.touch("k", 300) is True
+        else:
+            assert cache.add("k", "added") is False  # a value holds the key for add
+    calls = Calls("new")
+    assert cache.get_or_set("k", calls) == "new"
+    assert calls.count == 1
+    stored = raw_mg(cache, "k")
+    assert stored is not None
+    assert not stored.stale  # stored by a winner, not computed by a waiter that gave up
 
 
 def test_one_caller_recomputes_ahead_of_expiry_while_others_get_the_value(
