@@ -485,7 +485,7 @@ def landed_and_gone_from_memcached(cache: FastCache, key: str) -> None:
     back (as an eviction or a restart would), so that only the disk tier can answer it."""
     tier = cache._shared().tiered
     assert tier is not None
-    assert tier.flush()
+    assert tier.flush(WAIT)
     run_blocking(cache.blocking_client.meta_delete(cache.wire_key(key)))
 
 
