@@ -18,6 +18,11 @@ stores ``b""`` compressed): the classic read path reads it as a miss, and ``add`
 ``incr`` look for one when memcached refuses them (see :func:`add_over_stub` and
 :func:`is_stub_now`).
 
+With the disk tier on, a won miss first asks the tier for its disk entry (stored back
+under the lease, :meth:`TieredStore.answer_leased_miss`), and the winner's store is a write
+by the tier's rules (:meth:`TieredStore.store_leased`: stamped, CAS-stored, disk copy
+queued).
+
 Whether a node speaks meta is the ``protocol`` option's business (:class:`MetaSupport`):
 ``auto`` asks each node with ``mn`` the first time get_or_set needs it.
 """
@@ -183,18 +188,14 @@ async def get_or_set(
     support = meta_support(options.protocol, client.cluster)
     if not options.stampede_protection or not await support.speaks(client, node):
         return await _unprotected(cache, client, key, default, timeout, version, is_async)
-    tiered = stack.tiered is not None
-    if tiered:
-        # The disk tier answers memcached's misses: ask it the classic way first.
-        found = await stack.store.get(client, wire)
-        if found is not None and not is_stub(*found):
-            value = cache._decode(wire, *found)
-            if value is not refused:
-                return value
+    tier = stack.tiered
+    tiered = tier is not None
+    if tier is not None and tier.states.is_out(node):
+        # No one to hold a lease with: the tier answers from disk.
+        return await _unprotected(cache, client, key, default, timeout, version, is_async)
     lease = max(1, math.ceil(options.stampede_lease))
     ahead = options.stale_while_revalidate
-    # The tier's classic read above has already served a value near its expiry.
-    recache = math.ceil(ahead) if ahead > 0 and not tiered else None
+    recache = math.ceil(ahead) if ahead > 0 else None
     deadline = time.monotonic() + options.stampede_wait
     delay = FIRST_PAUSE
     while True:
@@ -209,6 +210,18 @@ async def get_or_set(
             # The tier has marked the node out (or will): it answers from disk.
             return await _unprotected(cache, client, key, default, timeout, version, is_async)
         stub = reply is None or is_stub(reply.value or b"", reply.client_flags or 0)
+        if reply is not None and reply.win and stub and tier is not None:
+            # memcached's miss: the disk tier's copy, if it answers, goes back under this
+            # lease (as the tier's own refill would put it back) instead of a computation.
+            try:
+                found = await tier.answer_leased_miss(client, wire, reply.cas)
+            except BaseException:
+                await release(client, wire, reply, stub)
+                raise
+            if found is not None:
+                value = cache._decode(wire, *found)
+                if value is not refused:
+                    return value
         if reply is not None and reply.win:
             return await _recompute(cache, client, wire, reply, stub, default, timeout, is_async)
         if reply is not None and not stub and (not reply.stale or ahead > 0):
@@ -246,25 +259,26 @@ async def _recompute(
     is_async: bool,
 ) -> Any:
     """The lease's winner: compute, store with the lease's CAS, and on failure let go."""
+    tier = cache._shared().tiered
     try:
         value = await _call(default, is_async)
         data, flags = cache._encode(value, wire)
         ttl = cache._ttl(timeout)
-        stored = await client.meta_set(
-            wire, data, flags=flags, exptime=memcached_exptime(ttl, time.time()), cas=lease.cas
-        )
+        if tier is not None:
+            # A write by the tier's rules (stamped, then memcached, then the disk copy),
+            # so that no older disk copy answers once get_or_set has returned.
+            await tier.store_leased(client, wire, data, flags, ttl, lease.cas)
+        else:
+            await client.meta_set(
+                wire, data, flags=flags, exptime=memcached_exptime(ttl, time.time()), cas=lease.cas
+            )
     except BaseException:
-        await _release(client, wire, lease, stub)
+        await release(client, wire, lease, stub)
         raise
-    stack = cache._shared()
-    if stored.status is MetaStatus.HD and stack.tiered is not None:
-        # The disk tier's copy, through the tier's own write path (memcached gets the same
-        # value again): a value stored by the lease must not leave an older one on disk.
-        await stack.store.set(client, wire, data, flags, ttl)
     return value
 
 
-async def _release(client: CommandSet, wire: bytes, lease: MetaReply, stub: bool) -> None:
+async def release(client: CommandSet, wire: bytes, lease: MetaReply, stub: bool) -> None:
     """Give back a lease whose winner failed: its stub deleted (if still its own), or a
     stale value marked stale again, so that the next caller wins at once. A win near
     expiry needs nothing: the value still serves, and expires as it would have."""
@@ -303,16 +317,19 @@ async def invalidate(
     version: int | None,
     stale_timeout: float | None,
 ) -> bool:
-    """Mark the value stale (``md … I``) instead of deleting it; a plain delete where the
-    node does not speak meta, and with the disk tier on (whose copy must go)."""
+    """Mark the value stale (``md … I``) instead of deleting it (with the disk tier on, its
+    disk copy is deleted); a plain delete where the node does not speak meta."""
     stack = cache._shared()
     wire = cache.wire_key(key, version)
     node = client.cluster.node_index(wire)
     support = meta_support(cache._options.protocol, client.cluster)
-    if stack.tiered is not None or not await support.speaks(client, node):
+    tier = stack.tiered
+    if (tier is not None and tier.states.is_out(node)) or not await support.speaks(client, node):
         return await stack.store.delete(client, wire)
     exptime = None if stale_timeout is None else memcached_exptime(stale_timeout, time.time())
     try:
+        if tier is not None:
+            return await tier.invalidate(client, wire, exptime)
         reply = await client.meta_delete(wire, invalidate=True, exptime=exptime)
     except MetaUnsupportedError as exc:
         support.refused(node, exc)
@@ -330,14 +347,25 @@ async def add_over_stub(
     node = client.cluster.node_index(wire)
     if not meta_support(cache._options.protocol, client.cluster).known(node):
         return False  # no meta, no stubs
-    reply = await client.meta_get(wire, cas=True, no_bump=True)
+    tier = cache._shared().tiered
+    if tier is not None and tier.states.is_out(node):
+        return False  # the disk tier refused it: no stub there
+    try:
+        reply = await client.meta_get(wire, cas=True, no_bump=True)
+    except (NetworkError, ProtocolError):
+        if tier is None:
+            raise
+        return False  # refused by the tier, which marks the node out on its next request
     if reply is None:
         return False
     if not is_stub(reply.value or b"", reply.client_flags or 0):
         if reply.win and reply.stale:
             # Reading a stale value took its win: mark it stale again for get_or_set.
-            await _release(client, wire, reply, False)
+            await release(client, wire, reply, False)
         return False
+    if tier is not None:
+        # A write by the tier's rules, as the lease winner's store is.
+        return await tier.store_leased(client, wire, data, flags, ttl, reply.cas)
     exptime = memcached_exptime(ttl, time.time())
     stored = await client.meta_set(wire, data, flags=flags, exptime=exptime, cas=reply.cas)
     return stored.status is MetaStatus.HD
@@ -361,4 +389,5 @@ __all__ = [
     "is_stub",
     "is_stub_now",
     "meta_support",
+    "release",
 ]

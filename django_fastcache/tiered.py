@@ -57,7 +57,7 @@ from .errors import (
 )
 from .expiry import memcached_exptime
 from .logs import RateLimit, logger
-from .protocol import MetaStatus, MetaUnsupportedError
+from .protocol import MetaReply, MetaStatus, MetaUnsupportedError
 from .serializers import FLAG_INTEGER
 
 T = TypeVar("T")
@@ -399,6 +399,29 @@ class TieredStore:
             return True
         return False
 
+    async def answer_leased_miss(
+        self, client: CommandSet, key: bytes, cas: int | None
+    ) -> tuple[bytes, int] | None:
+        """A get_or_set winner's miss (it holds the stub of CAS ``cas``): the disk tier's
+        entry, stored back under that lease, or None.
+
+        The stub was made before the entry is read, so a write or delete that reached
+        memcached first has stamped the key already (the entry no longer answers), and one
+        that lands later replaces or deletes the stub (the store fails)."""
+        entry = self._on_disk(key)
+        if entry is None:
+            return None
+        self.metrics.disk_hits += 1
+        now = time.time()
+        exptime = memcached_exptime(entry.remaining_seconds(now), now)
+        with contextlib.suppress(FastCacheError):
+            stored = await client.meta_set(
+                key, entry.data, flags=entry.flags, exptime=exptime, cas=cas
+            )
+            if stored.status is MetaStatus.HD:
+                self.metrics.refills += 1
+        return entry.data, entry.flags
+
     async def get_many(
         self, client: CommandSet, keys: list[bytes]
     ) -> dict[bytes, tuple[bytes, int]]:
@@ -505,6 +528,38 @@ class TieredStore:
             )
             if done:
                 return result
+        return False
+
+    async def store_leased(
+        self,
+        client: CommandSet,
+        key: bytes,
+        data: bytes,
+        flags: int,
+        ttl: float | None,
+        cas: int | None,
+    ) -> bool:
+        """A lease winner's store (``ms … C<cas>``) as a write: stamped first, its disk copy
+        queued once memcached took it. False when a write or delete replaced the lease's
+        item meanwhile (memcached's value, if any, becomes the disk copy under the new
+        stamp), or when the node failed or is out (nothing to hold a lease with)."""
+        node = self.cluster.node_index(key)
+        if self.states.is_out(node):
+            return False
+        stamp = self.stamps.bump(key)
+        now = time.time()
+        try:
+            stored = await client.meta_set(
+                key, data, flags=flags, exptime=memcached_exptime(ttl, now), cas=cas
+            )
+        except FastCacheError as exc:
+            self._memcached_failed(node, exc, read=False)
+            return False
+        if stored.status is MetaStatus.HD:
+            self._queue(key, stamp, data, flags, ttl, now)
+            return True
+        if stored.status is MetaStatus.EX:
+            await self._copy_back(client, key, stamp)
         return False
 
     def _set_on_disk(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
@@ -661,6 +716,18 @@ class TieredStore:
         self._queue(key, stamp, data, flags, ttl, now)
         return True
 
+    async def _copy_back(self, client: CommandSet, key: bytes, stamp: int) -> None:
+        """Queue memcached's value of ``key`` as its disk copy under ``stamp`` (an operation
+        that stamped the key left its value unchanged)."""
+        with contextlib.suppress(FastCacheError):
+            held = await client.meta_get(key, value=True, client_flags=True, ttl=True, cas=True)
+            if held is None or held.stale or _is_stub(held.value or b"", held.client_flags or 0):
+                await _give_back(client, key, held)
+                return
+            assert held.value is not None
+            ttl = None if held.ttl is None or held.ttl < 0 else float(held.ttl)
+            self._queue(key, stamp, held.value, held.client_flags or 0, ttl, time.time())
+
     def _add_on_disk(
         self, key: bytes, data: bytes, flags: int, ttl: float | None, bumped: list[int]
     ) -> bool:
@@ -699,11 +766,18 @@ class TieredStore:
             return touched or self._on_disk(key, prev) is not None
         try:
             # Touched and read in one step, for the disk copy's new expiry.
-            held = await client.meta_get(key, value=True, client_flags=True, touch=exptime)
+            held = await client.meta_get(
+                key, value=True, client_flags=True, touch=exptime, cas=True
+            )
         except MetaUnsupportedError:
             touched = await client.touch(key, exptime)
             self.behind.put(key, stamp, None, 0, None, now)  # no copy: the key misses on disk
             return touched
+        if held is not None and held.stale:
+            # Marked stale by invalidate(): touched, and no disk copy (the value is on its
+            # way out); a win this read took goes back to get_or_set.
+            await _give_back(client, key, held)
+            return True
         if held is not None and not _is_stub(held.value or b"", held.client_flags or 0):
             assert held.value is not None
             self._queue(key, stamp, held.value, held.client_flags or 0, ttl, now)
@@ -768,6 +842,34 @@ class TieredStore:
                 else:
                     self.behind.put(key, stamp, None, 0, None, time.time())
                     return deleted or self._on_disk(key, prev) is not None
+            done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
+            if done:
+                return result
+        return False
+
+    async def invalidate(self, client: CommandSet, key: bytes, exptime: int | None) -> bool:
+        """``invalidate()``: memcached keeps the value marked stale (``md … I``) for
+        get_or_set, while the disk copy goes as a delete's would (stamped gone first): no
+        disk entry answers the key again. While the node is out, a delete (journaled).
+        Raises MetaUnsupportedError (the disk copy deleted) when the node does not speak
+        meta."""
+        node = self.cluster.node_index(key)
+        bumped: list[int] = []
+        for _attempt in range(_MAX_RETRIES):
+            if not self.states.is_out(node):
+                prev = self.stamps.current(key)
+                stamp = self.stamps.bump(key, gone=True)
+                bumped[:] = [prev, stamp]
+                try:
+                    reply = await client.meta_delete(key, invalidate=True, exptime=exptime)
+                except MetaUnsupportedError:
+                    self.behind.put(key, stamp, None, 0, None, time.time())
+                    raise
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)
+                else:
+                    self.behind.put(key, stamp, None, 0, None, time.time())
+                    return reply.status is MetaStatus.HD or self._on_disk(key, prev) is not None
             done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
             if done:
                 return result
@@ -1000,6 +1102,15 @@ class TieredStore:
             "writes_skipped": behind.skipped,
             "writes_dropped": behind.dropped + behind.failed,
         }
+
+
+async def _give_back(client: CommandSet, key: bytes, held: MetaReply | None) -> None:
+    """A read of a stale item took its win (memcached hands it to the first ``mg``): mark
+    it stale again (``md … I C<cas>``, keeping its TTL) so that get_or_set's next caller
+    wins."""
+    if held is not None and held.stale and held.win:
+        with contextlib.suppress(FastCacheError):
+            await client.meta_delete(key, cas=held.cas, invalidate=True)
 
 
 async def _pause(client: CommandSet, seconds: float) -> None:

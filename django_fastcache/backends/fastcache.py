@@ -52,6 +52,7 @@ from ..expiry import MAX_RELATIVE_EXPIRY, memcached_exptime, seconds_to_live
 from ..maintenance import maintenance
 from ..sealing import FLAG_SEALED, Refusals, Sealer, derive_key
 from ..serializers import SERIALIZERS, PickleSerializer, Serializer
+from ..stalecopies import StaleKeepingStore
 from ..stampede import add_over_stub, async_pause, blocking_pause, is_stub, is_stub_now
 from ..stampede import get_or_set as _leased_get_or_set
 from ..stampede import invalidate as _invalidate
@@ -75,6 +76,8 @@ class Shared:
     blocking: BlockingClient
     store: Store
     tiered: TieredStore | None
+    #: memcached alone with its plain store: the sync API may take its flat paths.
+    flat: bool = False
 
 
 _shared: dict[tuple[Any, ...], Shared] = {}
@@ -128,7 +131,10 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
     blocking.timed = options.latency_metrics
     client.on_node_event(_announce_node_event)
     if not options.disk_tier:
-        return Shared(client, blocking, MemcachedStore(), None)
+        if options.stale_on_delete > 0:
+            store = StaleKeepingStore(options.stale_on_delete, options.protocol)
+            return Shared(client, blocking, store, None)
+        return Shared(client, blocking, MemcachedStore(), None, flat=True)
     directory = options.disk_directory or default_directory(servers)
     try:
         prepare_directory(directory)
@@ -558,6 +564,8 @@ class FastCache(BaseCache):
                 return default
             value = self._decode(wire, found[0], found[1])
             return default if value is _REFUSED else value
+        if not stack.flat:  # a store of its own (stale_on_delete): its coroutine
+            return run_blocking(self._get(stack.blocking, key, default, version))
         wire = self.wire_key(key, version)
         found = stack.blocking.value_now(wire, True)  # wire keys are valid by construction
         if found is None:
@@ -608,6 +616,8 @@ class FastCache(BaseCache):
         stack = self._stack or self._shared()
         if stack.tiered is not None:
             return run_blocking(self._add(stack.blocking, key, value, timeout, version))
+        if not stack.flat:
+            return run_blocking(self._add(stack.blocking, key, value, timeout, version))
         wire = self.wire_key(key, version)
         data, flags = self._encode(value, wire)
         exptime = self.get_backend_timeout(timeout)
@@ -621,7 +631,7 @@ class FastCache(BaseCache):
         self, key: Any, timeout: float | object | None = DEFAULT_TIMEOUT, version: int | None = None
     ) -> bool:
         stack = self._stack or self._shared()
-        if stack.tiered is not None:
+        if stack.tiered is not None or not stack.flat:
             return run_blocking(self._touch(stack.blocking, key, timeout, version))
         wire = self.wire_key(key, version)
         return stack.blocking.touch_now(wire, self.get_backend_timeout(timeout))
@@ -630,11 +640,13 @@ class FastCache(BaseCache):
         stack = self._stack or self._shared()
         if stack.tiered is not None:
             return stack.tiered.delete_now(self.wire_key(key, version))
+        if not stack.flat:
+            return run_blocking(self._delete(stack.blocking, key, version))
         return stack.blocking.delete_now(self.wire_key(key, version), True)
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
         stack = self._stack or self._shared()
-        if stack.tiered is not None:
+        if stack.tiered is not None or not stack.flat:
             return run_blocking(self._get_many(stack.blocking, keys, version))
         originals = {self.wire_key(key, version): key for key in keys}
         if not originals:
@@ -657,7 +669,7 @@ class FastCache(BaseCache):
 
     def incr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
         stack = self._stack or self._shared()
-        if stack.tiered is not None:
+        if stack.tiered is not None or not stack.flat:
             return run_blocking(self._incr(stack.blocking, key, delta, version))
         wire = self.wire_key(key, version)
         try:
@@ -681,6 +693,8 @@ class FastCache(BaseCache):
             wire = self.wire_key(key, version)
             found = stack.tiered.get_now(wire)
             return found is not None and self._opened(wire, found[0], found[1]) is not None
+        if not stack.flat:
+            return run_blocking(self._has_key(stack.blocking, key, version))
         wire = self.wire_key(key, version)
         found = stack.blocking.value_now(wire, True)
         return found is not None and self._opened(wire, found[0], found[1]) is not None
@@ -731,7 +745,8 @@ class FastCache(BaseCache):
         (``md … I``) and get_or_set hands one caller its recompute, serving the stale copy
         meanwhile with ``stale_while_revalidate``. Plain ``get`` still returns it until
         then. ``stale_timeout``: seconds the stale copy may live (None: its own expiry).
-        A plain delete with the disk tier on or where the node does not speak meta."""
+        With the disk tier on, the disk copy is deleted. A plain delete where the node
+        does not speak meta (or, with the tier, is out)."""
         return run_blocking(_invalidate(self, self.blocking_client, key, version, stale_timeout))
 
     async def ainvalidate(

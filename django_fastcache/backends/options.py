@@ -117,6 +117,11 @@ class FastCacheOptions:
     #: recompute while every other caller still gets the current value at once; also lets
     #: callers take a value marked stale by ``invalidate()`` at once. 0: off.
     stale_while_revalidate: float = 0.0
+    #: Seconds ``delete`` keeps a stale copy for get_or_set (``md … I``) instead of removing
+    #: the value: every other operation takes the key for missing at once, while
+    #: get_or_set hands one caller the recompute and, with stale_while_revalidate, serves
+    #: the copy meanwhile. Needs the disk tier off and a node that speaks meta. 0: off.
+    stale_on_delete: float = 0.0
 
 
 EVICTION_POLICIES = (
@@ -294,6 +299,37 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
             )
         )
         raw.pop("stale_while_revalidate")
+    if "stale_on_delete" in raw and not (
+        _is_number(raw["stale_on_delete"]) and raw["stale_on_delete"] >= 0
+    ):
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E018",
+                "stale_on_delete must be a number of seconds >= 0 (0: off).",
+            )
+        )
+        raw.pop("stale_on_delete")
+    if raw.get("stale_on_delete", 0) > 0:
+        if raw.get("disk_tier", True):
+            problems.append(
+                OptionProblem(
+                    "django_fastcache.E019",
+                    "stale_on_delete needs the disk tier off: the tier's reads do not see"
+                    " memcached's stale mark.",
+                    'Add "disk_tier": False to OPTIONS, or use invalidate() where a stale'
+                    " copy is wanted.",
+                )
+            )
+            raw.pop("stale_on_delete")
+        elif raw.get("protocol") == "classic":
+            problems.append(
+                OptionProblem(
+                    "django_fastcache.E019",
+                    "stale_on_delete needs the meta protocol, but protocol is 'classic'.",
+                    "Set protocol to 'auto' or 'meta', or stale_on_delete to 0.",
+                )
+            )
+            raw.pop("stale_on_delete")
     if "ssl" in raw:
         try:
             raw["ssl"] = normalize_tls(raw["ssl"])

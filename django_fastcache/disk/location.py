@@ -136,6 +136,8 @@ def unwritable_reason(directory: str) -> str | None:
         for name in files:
             file = os.path.join(path, name)
             if not os.access(file, os.R_OK | os.W_OK, effective_ids=_EFFECTIVE):
+                if not os.path.lexists(file):
+                    continue  # gone since listed: SQLite's journal of another process's write
                 return _unwritable(directory, file)
         # The tier's own files sit within two levels (values/<shard>/cache.db); what
         # lies deeper is large values in files of their own, possibly many.

@@ -48,6 +48,16 @@ SLOTS = 4
 #: never reach another: worker w's n-th set writes (w + 1) * 10**12 + n * 10**4.
 WORKER_SPACING = 10**12
 WRITE_SPACING = 10**4
+#: The share of reads made with get_or_set (its lease, and the disk tier's answer under it)
+#: instead of get. One whose default ran is logged as a write of the default's value that
+#: may or may not have landed (a failed set: the lease's store can lose to another write),
+#: and, if it returned another value (Django's own get_or_set reads again), as a read too.
+GET_OR_SET_SHARE = 0.3
+#: The share of deletes made with invalidate() instead: memcached keeps the value, marked
+#: stale, which plain reads may still return until get_or_set replaces it or it expires.
+#: Logged as a delete that may or may not have taken effect (a failed one): it explains a
+#: later miss, and makes no read of the old value stale.
+INVALIDATE_SHARE = 0.3
 
 
 @dataclass
@@ -115,13 +125,29 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
         fallbacks, disk_hits, journaled = metrics.fallbacks, metrics.disk_hits, metrics.journaled
         began = time.monotonic_ns()
         ok = True
+        computed: int | None = None
         try:
-            if kind == 0:
+            if kind == 0 and rng.random() < GET_OR_SET_SHARE:
+                writes += 1
+                offered = base + writes * WRITE_SPACING
+                ran: list[int] = []
+
+                def default(offered: int = offered, ran: list[int] = ran) -> int:
+                    ran.append(offered)
+                    return offered
+
+                value = cache.get_or_set(keys[key], default, timeout=None)
+                if ran:
+                    computed = offered
+            elif kind == 0:
                 value = cache.get(keys[key])
             elif kind == 1:
                 writes += 1
                 value = base + writes * WRITE_SPACING
                 cache.set(keys[key], value, timeout=None)
+            elif kind == 2 and rng.random() < INVALIDATE_SHARE:
+                cache.invalidate(keys[key])  # type: ignore[attr-defined]
+                ok = False  # (not an error: see INVALIDATE_SHARE)
             elif kind == 2:
                 cache.delete(keys[key])
             elif kind == 3:
@@ -151,6 +177,17 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
             source = JOURNALED
             counters[slot + JOURNALED_WRITES] += 1
         counters[slot + OPS] += 1
+        if computed is not None:
+            # The default's value: a write that may have landed, over the call's interval.
+            kinds.append(1)
+            key_column.append(key)
+            values.append(computed)
+            starts.append(began)
+            ends.append(ended)
+            oks.append(False)
+            sources.append(source)
+            if value == computed:
+                continue  # nothing was read
         kinds.append(kind)
         key_column.append(key)
         values.append(NOTHING if value is None else value)

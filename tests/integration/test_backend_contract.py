@@ -5,7 +5,9 @@ design brief. Server-side facts (remaining TTLs, command counters, connections a
 are read over a separate raw socket with memcached's ``stats`` and meta ``mg`` commands.
 
 The contract holds however FastCache stores: every test that takes ``tier_options`` (the
-``cache`` fixture does) runs twice, over memcached alone and with the disk tier behind it.
+``cache`` fixture does) runs three times, over memcached alone, with the disk tier behind
+it, and over memcached alone with ``stale_on_delete`` (deletes keep stale copies, which no
+operation here may see).
 """
 
 from __future__ import annotations
@@ -119,6 +121,16 @@ def probe(memcached: MemcachedServer) -> Iterator[Probe]:
     probe = Probe(memcached)
     yield probe
     probe.close()
+
+
+@pytest.fixture(params=["memcached-only", "tiered", "stale-on-delete"])
+def tier_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The conftest's two ways of storing, and a third: deletes keeping stale copies."""
+    if request.param == "memcached-only":
+        return dict(MEMCACHED_ONLY)
+    if request.param == "stale-on-delete":
+        return {**MEMCACHED_ONLY, "stale_on_delete": 60}
+    return {"disk_directory": request.getfixturevalue("disk_directory")}
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
 from django_fastcache.protocol import MetaUnsupportedError
 from django_fastcache.testing.fake_server import FakeMemcached
-from django_fastcache.testing.servers import MemcachedServer
+from django_fastcache.testing.servers import MemcachedServer, free_port
 from tests.conftest import MEMCACHED_ONLY
 
 pytestmark = pytest.mark.integration
@@ -350,9 +350,9 @@ def test_waiting_is_bounded_by_stampede_wait(
 
 
 def test_invalidate_serves_the_stale_value_while_one_caller_recomputes(
-    memcached: MemcachedServer,
+    memcached: MemcachedServer, tier_options: dict[str, Any]
 ) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=30)
+    cache = make(memcached.location, tier_options, stale_while_revalidate=30)
     cache.set("k", "old")
     # (Not looked at here: the first meta read of a stale value takes its win.)
     assert cache.invalidate("k", stale_timeout=60)
@@ -370,9 +370,9 @@ def test_invalidate_serves_the_stale_value_while_one_caller_recomputes(
 
 
 def test_without_stale_while_revalidate_a_stale_value_is_waited_out(
-    memcached: MemcachedServer,
+    memcached: MemcachedServer, tier_options: dict[str, Any]
 ) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY)
+    cache = make(memcached.location, tier_options)
     cache.set("k", "old")
     assert cache.invalidate("k")
     thread, release, _computing, results = run_blocked_winner(cache, "k", "new")
@@ -386,9 +386,9 @@ def test_without_stale_while_revalidate_a_stale_value_is_waited_out(
 
 
 def test_a_winner_of_a_stale_value_that_raises_marks_it_stale_again(
-    memcached: MemcachedServer,
+    memcached: MemcachedServer, tier_options: dict[str, Any]
 ) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=30)
+    cache = make(memcached.location, tier_options, stale_while_revalidate=30)
     cache.set("k", "old")
     cache.invalidate("k")
 
@@ -402,8 +402,8 @@ def test_a_winner_of_a_stale_value_that_raises_marks_it_stale_again(
     assert calls.count == 1
 
 
-def test_async_invalidate(memcached: MemcachedServer) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=30)
+def test_async_invalidate(memcached: MemcachedServer, tier_options: dict[str, Any]) -> None:
+    cache = make(memcached.location, tier_options, stale_while_revalidate=30)
 
     async def work() -> Any:
         await cache.aset("k", "old")
@@ -414,20 +414,56 @@ def test_async_invalidate(memcached: MemcachedServer) -> None:
     assert arun(cache, work) == "new"  # the first caller after invalidate wins
 
 
-def test_invalidate_with_the_disk_tier_deletes(
+def test_invalidate_with_the_disk_tier_keeps_the_stale_copy_in_memcached_only(
     memcached: MemcachedServer, disk_directory: str
 ) -> None:
     cache = make(memcached.location, {"disk_directory": disk_directory})
     cache.set("k", "old")
-    assert cache.invalidate("k")
-    assert cache.get("k") is None
-    assert raw_mg(cache, "k") is None
+    assert cache.invalidate("k", stale_timeout=60)
+    kept = raw_mg(cache, "k", ttl=True)
+    assert kept is not None
+    assert kept.stale
+    assert 0 < kept.ttl <= 60
+    assert cache.get("k") == "old"  # plain get: memcached's (stale) value, as documented
+    landed_and_gone_from_memcached(cache, "k")
+    assert cache.get("k") is None  # the disk copy went as a delete's would
+    assert not cache.invalidate("k")
+
+
+@pytest.mark.parametrize("operation", ["touch", "add", "a lease store that fails"])
+def test_with_the_tier_a_read_that_takes_a_stale_items_win_gives_it_back(
+    memcached: MemcachedServer, disk_directory: str, operation: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory}, stampede_wait=0.3)
+    if operation == "a lease store that fails":
+        # The winner's stub is invalidated while it computes: its store fails, and the
+        # tier's look at what memcached holds takes the stale stub's win.
+        thread, release, _computing, results = run_blocked_winner(cache, "k", "lost")
+        try:
+            assert cache.invalidate("k")
+        finally:
+            release.set()
+            thread.join(WAIT)
+        assert results == ["lost"]
+    else:
+        cache.set("k", "old")
+        assert cache.invalidate("k")
+        if operation == "touch":
+            assert cache.touch("k", 300) is True
+        else:
+            assert cache.add("k", "added") is False  # a value holds the key for add
+    calls = Calls("new")
+    assert cache.get_or_set("k", calls) == "new"
+    assert calls.count == 1
+    stored = raw_mg(cache, "k")
+    assert stored is not None
+    assert not stored.stale  # stored by a winner, not computed by a waiter that gave up
 
 
 def test_one_caller_recomputes_ahead_of_expiry_while_others_get_the_value(
-    memcached: MemcachedServer,
+    memcached: MemcachedServer, tier_options: dict[str, Any]
 ) -> None:
-    cache = make(memcached.location, MEMCACHED_ONLY, stale_while_revalidate=120)
+    cache = make(memcached.location, tier_options, stale_while_revalidate=120)
     cache.set("k", "current", timeout=60)  # 60 s left: within the 120 s window
     thread, release, _computing, results = run_blocked_winner(cache, "k", "fresh")
     try:
@@ -439,6 +475,87 @@ def test_one_caller_recomputes_ahead_of_expiry_while_others_get_the_value(
         thread.join(WAIT)
     assert results == ["fresh"]
     assert cache.get("k") == "fresh"
+
+
+# -- with the disk tier -------------------------------------------------------------------
+
+
+def landed_and_gone_from_memcached(cache: FastCache, key: str) -> None:
+    """The tier's disk copies landed; ``key`` then removed from memcached behind the tier's
+    back (as an eviction or a restart would), so that only the disk tier can answer it."""
+    tier = cache._shared().tiered
+    assert tier is not None
+    assert tier.flush(WAIT)
+    run_blocking(cache.blocking_client.meta_delete(cache.wire_key(key)))
+
+
+def test_with_the_tier_a_memcached_miss_is_answered_from_disk_under_the_lease(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory})
+    cache.set("k", "on disk")
+    landed_and_gone_from_memcached(cache, "k")
+    calls = Calls()
+    assert cache.get_or_set("k", calls) == "on disk"
+    assert calls.count == 0
+    put_back = raw_mg(cache, "k")
+    assert put_back is not None
+    assert put_back.value != b""  # the value, back in memcached (not a stub)
+    assert cache.get("k") == "on disk"
+
+
+def test_with_the_tier_the_winners_value_gets_its_disk_copy(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory})
+    assert cache.get_or_set("k", Calls("computed")) == "computed"
+    landed_and_gone_from_memcached(cache, "k")
+    assert cache.get("k") == "computed"  # from the disk tier
+
+
+def test_with_the_tier_a_set_while_the_winner_computes_wins_on_disk_too(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory})
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "winner's")
+    try:
+        cache.set("k", "set meanwhile")
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert results == ["winner's"]  # returned to its caller, not stored
+    assert cache.get("k") == "set meanwhile"
+    landed_and_gone_from_memcached(cache, "k")
+    assert cache.get("k") == "set meanwhile"  # the disk copy is the set's
+
+
+def test_with_the_tier_a_delete_while_the_winner_computes_leaves_nothing_on_disk(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make(memcached.location, {"disk_directory": disk_directory})
+    cache.set("k", "old")
+    cache.delete("k")
+    thread, release, _computing, results = run_blocked_winner(cache, "k", "winner's")
+    try:
+        cache.delete("k")  # (True: memcached removed the stub)
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert results == ["winner's"]
+    landed_and_gone_from_memcached(cache, "k")
+    assert cache.get("k") is None
+
+
+def test_with_the_tier_get_or_set_and_add_work_while_the_node_is_out(disk_directory: str) -> None:
+    location = f"127.0.0.1:{free_port()}"  # nothing listens here
+    cache = make(location, {"disk_directory": disk_directory}, protocol="meta")
+    cache.set("k", "on disk")  # fails to connect, marks the node out, goes to disk
+    assert cache.add("k", "other") is False  # refused by the disk tier, not raised
+    calls = Calls("computed")
+    assert cache.get_or_set("k", calls) == "on disk"
+    assert cache.get_or_set("new", calls) == "computed"
+    assert calls.count == 1
+    assert cache.get("new") == "computed"
 
 
 # -- stubs through the classic commands ----------------------------------------------------

@@ -88,6 +88,8 @@ GOOD_VALUES: dict[str, list[Any]] = {
     "stampede_lease": [0.5, 10, 60.0],
     "stampede_wait": [0.1, 15, 120.0],
     "stale_while_revalidate": [0, 0.5, 30],
+    # (positive: with disk_tier False only, see test_stampede_options.py)
+    "stale_on_delete": [0, 0.0],
     # The dict and True forms become TLSOptions: tests/unit/test_security.py.
     "ssl": [None, TLSOptions(ca_file="/etc/ssl/memcached-ca.pem"), ssl.create_default_context()],
     # Only together: tests/unit/test_security.py.

@@ -55,3 +55,41 @@ def test_the_backend_refuses_a_bad_protocol_on_use() -> None:
     cache = FastCache("127.0.0.1:9", {"OPTIONS": {"protocol": "binary"}})
     with pytest.raises(ImproperlyConfigured, match="protocol must be one of"):
         cache.get_or_set("k", 1)
+
+
+@pytest.mark.parametrize("value", [-1, -0.5, "30", None, True, float("inf"), float("nan")])
+def test_stale_on_delete_must_be_seconds_e018(value: Any) -> None:
+    options, problems = parse_options({"stale_on_delete": value, "disk_tier": False})
+    assert [problem.id for problem in problems] == ["django_fastcache.E018"]
+    assert options.stale_on_delete == 0
+
+
+def test_stale_on_delete_is_off_by_default_and_takes_seconds() -> None:
+    assert FastCacheOptions().stale_on_delete == 0
+    options, problems = parse_options({"stale_on_delete": 30, "disk_tier": False})
+    assert problems == []
+    assert options.stale_on_delete == 30
+    assert parse_options({"stale_on_delete": 0})[1] == []  # off needs nothing
+
+
+def test_stale_on_delete_needs_the_disk_tier_off_e019() -> None:
+    options, problems = parse_options({"stale_on_delete": 30})
+    assert [problem.id for problem in problems] == ["django_fastcache.E019"]
+    assert "disk tier" in problems[0].message
+    assert problems[0].hint is not None
+    assert '"disk_tier": False' in problems[0].hint
+    assert options.stale_on_delete == 0
+
+
+def test_stale_on_delete_needs_the_meta_protocol_e019() -> None:
+    raw = {"stale_on_delete": 30, "disk_tier": False, "protocol": "classic"}
+    options, problems = parse_options(raw)
+    assert [problem.id for problem in problems] == ["django_fastcache.E019"]
+    assert "'classic'" in problems[0].message
+    assert options.stale_on_delete == 0
+
+
+def test_the_backend_refuses_stale_on_delete_with_the_disk_tier_on_use() -> None:
+    cache = FastCache("127.0.0.1:9", {"OPTIONS": {"stale_on_delete": 30}})
+    with pytest.raises(ImproperlyConfigured, match="stale_on_delete needs the disk tier off"):
+        cache.delete("k")
