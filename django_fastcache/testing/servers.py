@@ -45,6 +45,18 @@ def _ask(
 ) -> bool:
     """Whether ``request`` gets a reply containing ``expect``; ``login``: an authentication
     request sent first (its ``STORED`` reply is read before ``request`` goes out)."""
+    return _problem(address, request, expect, tls, login) is None
+
+
+def _problem(
+    address: tuple[str, int] | str,
+    request: bytes,
+    expect: bytes,
+    tls: ssl.SSLContext | None = None,
+    login: bytes = b"",
+) -> str | None:
+    """What kept ``request`` from getting a reply containing ``expect``, or None: asked as
+    :func:`_ask` asks, for an error that says why (a timeout, a refusal, another reply)."""
     family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as plain:
@@ -53,13 +65,14 @@ def _ask(
             sock = plain if tls is None else tls.wrap_socket(plain)
             if login:
                 sock.sendall(login)
-                if not _read_line(sock).startswith(b"STORED"):
-                    return False
+                line = _read_line(sock)
+                if not line.startswith(b"STORED"):
+                    return f"login refused: {line!r}"
             sock.sendall(request)
             reply = sock.recv(256)
-            return expect in reply
-    except OSError:
-        return False
+            return None if expect in reply else f"the reply was {reply!r}"
+    except OSError as exc:
+        return repr(exc)
 
 
 def _read_line(sock: socket.socket) -> bytes:
@@ -322,15 +335,19 @@ class MemcachedServer(_ServerProcess):
         return b"set auth 0 -1 %d\r\n%s\r\n" % (len(value), value)
 
     def _ask_server(self, request: bytes, expect: bytes) -> bool:
+        return self._server_problem(request, expect) is None
+
+    def _server_problem(self, request: bytes, expect: bytes) -> str | None:
         address = self.socket_path if self.socket_path is not None else (self.host, self.port)
-        return _ask(address, request, expect, self._client_tls(), self._login())
+        return _problem(address, request, expect, self._client_tls(), self._login())
 
     def _ping(self) -> bool:
         return self._ask_server(b"version\r\n", b"VERSION")
 
     def flush(self) -> None:
-        if not self._ask_server(b"flush_all\r\n", b"OK"):
-            raise RuntimeError(f"flush_all failed on {self.location}")
+        problem = self._server_problem(b"flush_all\r\n", b"OK")
+        if problem is not None:
+            raise RuntimeError(f"flush_all failed on {self.location}: {problem}")
 
     def stop(self) -> None:
         super().stop()
@@ -372,5 +389,6 @@ class RedisServer(_ServerProcess):
         return _ask((self.host, self.port), b"PING\r\n", b"+PONG")
 
     def flush(self) -> None:
-        if not _ask((self.host, self.port), b"FLUSHALL\r\n", b"+OK"):
-            raise RuntimeError(f"FLUSHALL failed on {self.location}")
+        problem = _problem((self.host, self.port), b"FLUSHALL\r\n", b"+OK")
+        if problem is not None:
+            raise RuntimeError(f"FLUSHALL failed on {self.location}: {problem}")

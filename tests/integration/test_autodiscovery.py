@@ -15,7 +15,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.core.cache import caches
@@ -26,6 +26,7 @@ from django_fastcache.backends.fastcache import FastCache
 from django_fastcache.bridge import run_blocking
 from django_fastcache.client import Client
 from django_fastcache.client.blocking import BlockingClient
+from django_fastcache.client.pool import Pool
 from django_fastcache.errors import ConnectFailedError, TLSError
 from django_fastcache.testing.certificates import make_certificates, openssl_available
 from django_fastcache.testing.config_endpoint import FakeConfigEndpoint
@@ -53,16 +54,58 @@ def endpoint(nodes: list[MemcachedServer]) -> Iterator[FakeConfigEndpoint]:
         yield fake
 
 
-def connections(server: MemcachedServer) -> int:
+def open_ports(server: MemcachedServer) -> set[int]:
+    """The client-side ports of the connections ``server`` has open (``stats conns``), the
+    asking connection's own left out.
+
+    Which connections are open, not how many: memcached counts a connection in
+    ``curr_connections`` until the worker thread that owns it has closed it, some time
+    after its peer did, so a count read just after any close (that of a previous reading's
+    own connection included) can be one too high. A connection of the client's is named
+    by its port instead."""
     with socket.create_connection((server.host, server.port), 5) as sock:
-        sock.sendall(b"stats\r\n")
+        own = sock.getsockname()[1]
+        sock.sendall(b"stats conns\r\n")
         reply = b""
         while not reply.endswith(b"END\r\n"):
             reply += sock.recv(65536)
+    addresses: dict[bytes, bytes] = {}
+    listening: set[bytes] = set()
     for line in reply.split(b"\r\n"):
-        if line.startswith(b"STAT curr_connections "):
-            return int(line.split()[2]) - 1  # not counting this one
-    raise AssertionError("no curr_connections")
+        fields = line.split()  # STAT <fd>:addr tcp:127.0.0.1:<port> / <fd>:state <state>
+        if len(fields) != 3:
+            continue
+        fd, _, name = fields[1].partition(b":")
+        if name == b"addr":
+            addresses[fd] = fields[2]
+        elif name == b"state" and fields[2] == b"conn_listening":
+            listening.add(fd)
+    ports = {int(a.rpartition(b":")[2]) for fd, a in addresses.items() if fd not in listening}
+    ports.discard(own)
+    return ports
+
+
+def local_port(sock: socket.socket) -> int:
+    return int(sock.getsockname()[1])
+
+
+def pool_ports(pool: Pool) -> set[int]:
+    """The local ports of a pool's connections, all of them idle."""
+    assert pool.size == pool.idle > 0
+    ports = set()
+    for connection in pool._idle:
+        transport = connection._transport
+        assert transport is not None
+        ports.add(local_port(transport.get_extra_info("socket")))
+    return ports
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Let the event loop run until ``condition`` holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)
 
 
 def holds(server: MemcachedServer, key: bytes) -> bool:
@@ -123,7 +166,9 @@ def test_blocking_client_follows_the_node_list(
         assert discovery.version == 1
         assert_routed(client, nodes, KEYS)
         leaving = client.cluster.live[0]
-        open_before = connections(nodes[0])
+        # No reference to the connection is kept: one held would keep it open.
+        ours = local_port(blocking._local.by_node[leaving]._sock)
+        assert ours in open_ports(nodes[0])
 
         # Node a leaves, node c joins.
         endpoint.set_nodes([entry(nodes[1], "b"), entry(nodes[2], "c")])
@@ -131,8 +176,8 @@ def test_blocking_client_follows_the_node_list(
         assert discovery.version == 2
         assert live_ids(client) == [f"{n.host}:{n.port}" for n in nodes[1:]]
         # The connection to the node that left is closed.
-        wait_until(lambda: connections(nodes[0]) == open_before - 1, endpoint)
         assert leaving not in blocking._local.by_node
+        wait_until(lambda: ours not in open_ports(nodes[0]), endpoint)
         # Keys follow the new list: those that were on a now read as misses, written anew
         # they land on b or c.
         found = run_blocking(blocking.get_many(KEYS))
@@ -172,15 +217,15 @@ def test_async_client_follows_the_node_list(
             assert await client.set(key, b"v") is True
         assert live_ids(client) == [f"{n.host}:{n.port}" for n in nodes[:2]]
         assert_routed(client, nodes, KEYS)
-        open_before = connections(nodes[0])
+        leaving = client.cluster.live[0]
+        pool = client._pools_by_loop[asyncio.get_running_loop()][leaving]
+        ours = pool_ports(pool)
+        assert ours <= open_ports(nodes[0])
         endpoint.set_nodes([entry(nodes[1], "b"), entry(nodes[2], "c")])
         # From another thread, as the refresher does it.
         assert await asyncio.get_running_loop().run_in_executor(None, discovery.refresh)
-        for _ in range(500):  # the pool is closed on its own loop: give it turns
-            if connections(nodes[0]) == open_before - 1:
-                break
-            await asyncio.sleep(0.01)
-        assert connections(nodes[0]) == open_before - 1
+        # The pool is closed on its own loop, and its connections with it.
+        await eventually(lambda: pool.size == 0 and not ours & open_ports(nodes[0]))
         for key in KEYS:
             assert await client.set(key, b"w") is True
         assert_latest_on_owner(client, nodes, b"w")
@@ -409,10 +454,12 @@ def test_other_threads_connections_close_and_one_in_use_is_left_alone(
     blocking = BlockingClient(client.cluster)
     discovery = client.cluster.discovery
     done, release = threading.Event(), threading.Event()
+    theirs: dict[int, int] = {}  # the worker's connections' ports, by node slot
 
     def worker() -> None:  # connects to both nodes, then keeps its connections
         for key in KEYS:
             run_blocking(blocking.set(key, b"v"))
+        theirs.update({n: local_port(c._sock) for n, c in blocking._local.by_node.items()})
         done.set()
         release.wait(10)
         blocking.close_thread_connections()
@@ -426,16 +473,18 @@ def test_other_threads_connections_close_and_one_in_use_is_left_alone(
         leaving = client.cluster.live[0]
         # Held as a request in flight holds it.
         in_use = blocking._local.by_node[leaving]
-        open_before = connections(nodes[0])
+        mine = local_port(in_use._sock)
+        assert {mine, theirs[leaving]} <= open_ports(nodes[0])
         endpoint.set_nodes([entry(nodes[1], "b"), entry(nodes[2], "c")])
         assert discovery.refresh() is True
         # The worker's idle connection is closed; the one in use is not, but it is no
         # longer its thread's: it goes when its user lets go of it.
-        wait_until(lambda: connections(nodes[0]) == open_before - 1, endpoint)
+        wait_until(lambda: theirs[leaving] not in open_ports(nodes[0]), endpoint)
         assert leaving not in blocking._local.by_node
         assert in_use._sock.fileno() != -1
+        assert mine in open_ports(nodes[0])
         in_use.close()  # its user done with it
-        wait_until(lambda: connections(nodes[0]) == open_before - 2, endpoint)
+        wait_until(lambda: mine not in open_ports(nodes[0]), endpoint)
     finally:
         release.set()
         thread.join(10)
