@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
-from typing import NamedTuple, cast
+from typing import Final, NamedTuple, cast
 
 from django_fastcache.errors import (
     ClientError,
@@ -75,23 +75,23 @@ class Item(NamedTuple):
     cas: int | None  # set for gets/gats, None for get/gat
 
 
-_RETRIEVAL = ReplyKind.RETRIEVAL
+_RETRIEVAL: Final = ReplyKind.RETRIEVAL
 # Builds an Item without the Python-level __new__ of a NamedTuple: one call fewer per item.
-_new_item = tuple.__new__
+_new_item: Final = tuple.__new__
 
 Reply = list[Item] | list[MetaResult] | Status | int | str | dict[str, str] | CommandError
 """What next_reply returns for a complete reply; see ReplyParser.next_reply."""
 
-_UINT32_MAX = 2**32 - 1
-_UINT64_MAX = 2**64 - 1
+_UINT32_MAX: Final = 2**32 - 1
+_UINT64_MAX: Final = 2**64 - 1
 
-_VALUE_HEADER = re.compile(
+_VALUE_HEADER: Final = re.compile(
     rb"VALUE ([\x21-\x7e\x80-\xff]+) ([0-9]{1,10}) ([0-9]{1,20})(?: ([0-9]{1,20}))?"
 )
 
 # A whole one-item reply read in one step: the header (a key no longer than memcached
 # allows), and where it ends. Anything else takes the general, incremental path.
-_ONE_VALUE_HEADER = re.compile(
+_ONE_VALUE_HEADER: Final = re.compile(
     rb"VALUE ([\x21-\x7e\x80-\xff]{1,250}) ([0-9]{1,10}) ([0-9]{1,20})\r\n"
 )
 
@@ -104,16 +104,16 @@ _TOUCH_REPLIES = {status.value: status for status in (Status.TOUCHED, Status.NOT
 _OK_REPLIES = {Status.OK.value: Status.OK}
 
 # Values at least this long are copied out through a memoryview: one copy instead of two.
-_VIEW_COPY_THRESHOLD = 4096
+_VIEW_COPY_THRESHOLD: Final = 4096
 # Consumed bytes are dropped from the buffer's front once there are this many and they
 # outnumber the unread ones, so compaction stays amortised linear.
-_COMPACT_THRESHOLD = 64 * 1024
+_COMPACT_THRESHOLD: Final = 64 * 1024
 
-_SHOWN_BYTES = 60
+_SHOWN_BYTES: Final = 60
 
 
 #: What :func:`whole_one_value` and :meth:`ReplyParser.next_value` give for a miss.
-MISS: tuple[()] = ()
+MISS: Final[tuple[()]] = ()
 
 
 def whole_one_value(
