@@ -50,7 +50,7 @@ from ..protocol import (
     touch_command,
 )
 from ..protocol.keys import MAX_KEY_LENGTH, validate_key
-from ..protocol.parser import whole_one_value
+from ..protocol.parser import whole_one_value, whole_status
 from . import forksafe
 from .address import Address
 from .cluster import ClientSettings, Cluster
@@ -274,8 +274,18 @@ class BlockingConnection:
         if self._kernel_timeout != self.timeout and not self._limit_kernel_timeout(deadline):
             raise self._timed_out()
         # The first wait may use the whole timeout: only the send came before it.
-        self._read()
         parser = self._parser
+        if parser.idle:
+            received = self._received()
+            # A one-line reply the first read brought whole: read in one step.
+            found = whole_status(received, kind)
+            if found is not None:
+                if self._kernel_timeout != self.timeout:
+                    self._restore_kernel_timeout()
+                return found
+            parser.feed(received)
+        else:
+            self._read()
         reply = parser.next_reply(kind, keys)
         while reply is None:
             if not self._limit_kernel_timeout(deadline):

@@ -170,6 +170,45 @@ def whole_one_value(
     return buffer[start:data_end], flags
 
 
+# The one-line replies read whole by whole_status, line ending included.
+_STORAGE_LINES: Final = {status.value + b"\r\n": status for status in _STORAGE_REPLIES.values()}
+_DELETE_LINES: Final = {status.value + b"\r\n": status for status in _DELETE_REPLIES.values()}
+_TOUCH_LINES: Final = {status.value + b"\r\n": status for status in _TOUCH_REPLIES.values()}
+_STORAGE_KIND: Final = ReplyKind.STORAGE
+_DELETE_KIND: Final = ReplyKind.DELETE
+_TOUCH_KIND: Final = ReplyKind.TOUCH
+_ARITHMETIC_KIND: Final = ReplyKind.ARITHMETIC
+
+
+def whole_status(reply: bytes, kind: ReplyKind) -> Status | int | None:
+    """``reply`` read as exactly one whole reply of ``kind``, a one-line reply: the
+    :class:`Status` of a storage command, delete or touch, or an incr/decr's new value
+    (or NOT_FOUND); None when it is anything else (incomplete, an error line, more than
+    one line, another kind), for the general parser to read (and to say what is wrong, if
+    anything is). :func:`whole_one_value` for the other commands of the flat path: a dict
+    look-up, or a loop over a few digits, where the general parser costs thousands of
+    instructions. It never accepts what the general parser would refuse."""
+    if kind is _STORAGE_KIND:
+        return _STORAGE_LINES.get(reply)
+    if kind is _DELETE_KIND:
+        return _DELETE_LINES.get(reply)
+    if kind is _ARITHMETIC_KIND:
+        end = len(reply) - 2
+        # 1 to 20 digits (the general parser's bounds), then the line ending.
+        if end < 1 or end > 20 or reply[end] != 13 or reply[end + 1] != 10:
+            return None
+        value = 0
+        for index in range(end):
+            byte = reply[index]
+            if byte < 48 or byte > 57:
+                return Status.NOT_FOUND if reply == b"NOT_FOUND\r\n" else None
+            value = value * 10 + byte - 48
+        return value if value <= _UINT64_MAX else None
+    if kind is _TOUCH_KIND:
+        return _TOUCH_LINES.get(reply)
+    return None
+
+
 def _digits(reply: bytes, pos: int, end: int, most: int) -> tuple[int, int]:
     """The decimal number at ``reply[pos]`` (1 to ``most`` digits) and the position after
     it, which is inside ``reply[:end - 1]``; ``(0, -1)`` when there is no such number."""
@@ -712,4 +751,13 @@ def _show(data: bytes | bytearray) -> str:
     return show_bytes(data, _SHOWN_BYTES)
 
 
-__all__ = ["MISS", "Item", "Reply", "ReplyKind", "ReplyParser", "Status", "whole_one_value"]
+__all__ = [
+    "MISS",
+    "Item",
+    "Reply",
+    "ReplyKind",
+    "ReplyParser",
+    "Status",
+    "whole_one_value",
+    "whole_status",
+]
