@@ -370,6 +370,13 @@ class BlockingConnection:
             _set_kernel_timeouts(self._sock, remaining)
         return True
 
+    def bound(self, deadline: float) -> None:
+        """Make this connection's next system calls wait no longer than what is left until
+        ``deadline`` (:meth:`receive_one` and :meth:`receive_value` restore the timeout):
+        for a request sent again, whose first read must not wait a whole ``timeout``."""
+        if not self._limit_kernel_timeout(deadline):
+            raise self._timed_out()
+
     def _timed_out(self) -> OperationTimeoutError:
         return OperationTimeoutError(f"no reply from {self.address} within {self.timeout}s")
 
@@ -660,6 +667,7 @@ class BlockingClient(CommandSet):
             # The server had closed the connection: once more, on a new one.
             connection = self._ready(node, kind, deadline)
             try:
+                connection.bound(deadline)
                 connection.send(data, deadline)
                 reply = connection.receive_one(kind, deadline, keys)
             except BaseException as exc:
@@ -783,6 +791,7 @@ class BlockingClient(CommandSet):
             # The server had closed the connection: once more, on a new one.
             connection = self._ready(node, _RETRIEVAL, deadline)
             try:
+                connection.bound(deadline)
                 connection.send(b"get " + key + b"\r\n", deadline)
                 reply = connection.receive_value(key, deadline)
             except BaseException as exc:

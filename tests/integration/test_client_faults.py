@@ -171,6 +171,23 @@ def test_close_instead_of_a_reply_sends_an_unpolled_get_again(
     assert node.operations["get"].calls == 1
 
 
+def test_a_get_sent_again_is_still_bounded_by_its_timeout(fake: FakeMemcached) -> None:
+    """The connection is closed under the get, and the new connection's server never
+    answers: the call times out within its one timeout, the retry included."""
+    fake.script(Action.REPLY, Action.CLOSE, Action.IGNORE)
+    client = BlockingClient(Cluster([fake.location], ClientSettings(timeout=TIMEOUT)))
+    try:
+        assert run_blocking(client.set(b"x", b"1")) is True
+        poll_after_idle(client, math.inf)
+        started = time.monotonic()
+        with pytest.raises(OperationTimeoutError):
+            client.value_now(b"x")
+        assert time.monotonic() - started < TIMEOUT + SLACK
+    finally:
+        client.close_thread_connections()
+    assert connections_of_requests(fake) == [1, 1, 2]
+
+
 @pytest.mark.parametrize("fails", [Action.CLOSE, Action.TRUNCATE])
 def test_close_before_an_unpolled_write_or_after_part_of_a_reply_fails_the_call(
     fake: FakeMemcached, fails: Action
