@@ -9,13 +9,17 @@ uvloop's, on the main thread, three times).
 
 Each thread keeps one connection per node. A connection that times out, breaks or
 receives bytes that do not parse is closed at once, so a late reply is never read as the
-next request's answer. After ``fork()`` the child opens its own connections (the
+next request's answer. Before a request, a connection idle for a while is polled for bytes
+nobody asked for and for the server's end of stream; one used a moment ago (calls back to
+back) is not, and a retrieval that then finds the connection closed goes again on a new one
+(see ``BlockingConnection.out_of_step``). After ``fork()`` the child opens its own connections (the
 inherited sockets are closed in the child, which leaves the parent's untouched).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import ssl
@@ -23,7 +27,7 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from .._mypyc import mypyc_attr
 from ..errors import (
@@ -45,8 +49,8 @@ from ..protocol import (
     storage_command,
     touch_command,
 )
-from ..protocol.keys import validate_key
-from ..protocol.parser import whole_one_value
+from ..protocol.keys import MAX_KEY_LENGTH, validate_key
+from ..protocol.parser import whole_one_value, whole_status
 from . import forksafe
 from .address import Address
 from .cluster import ClientSettings, Cluster
@@ -58,21 +62,50 @@ from .security import check_auth_reply, tls_error, tls_session_error
 from .thread_connections import ThreadConnections
 
 # Larger replies take several reads; most take one.
-_RECV_SIZE = 64 * 1024
+_RECV_SIZE: Final = 64 * 1024
 # Reads allowed past a call's deadline, of bytes that had already arrived: enough for a
 # full socket receive buffer, never an endless stream.
-_LATE_READS = 128
+_LATE_READS: Final = 128
 
-_UINT64_MAX = 2**64 - 1
+_UINT64_MAX: Final = 2**64 - 1
+
+# A connection whose previous request began less than this many seconds ago is used without
+# the zero-timeout poll for bytes nobody asked for (see BlockingConnection.out_of_step).
+POLL_AFTER_IDLE: Final = 0.002
 
 # SO_LINGER on, for 0 seconds: close() resets the connection.
-_ABORT_LINGER = struct.pack("ii", 1, 0)
+_ABORT_LINGER: Final = struct.pack("ii", 1, 0)
 
-_RETRIEVAL = ReplyKind.RETRIEVAL
-_STORAGE = ReplyKind.STORAGE
-_DELETE = ReplyKind.DELETE
-_TOUCH = ReplyKind.TOUCH
-_ARITHMETIC = ReplyKind.ARITHMETIC
+_RETRIEVAL: Final = ReplyKind.RETRIEVAL
+_STORAGE: Final = ReplyKind.STORAGE
+_DELETE: Final = ReplyKind.DELETE
+_TOUCH: Final = ReplyKind.TOUCH
+_ARITHMETIC: Final = ReplyKind.ARITHMETIC
+
+
+# A static of the compiled module: no lookup of the module attribute per call.
+_monotonic: Final = time.monotonic
+
+_write: Final = os.write
+_read_fd: Final = os.read
+
+# Builds an Item without the Python-level __new__ of a NamedTuple.
+_new_item: Final = tuple.__new__
+
+
+def _plain_key(key: bytes) -> bool:
+    """Whether ``key`` is a valid key (:func:`validate_key` in short, for valid keys): a
+    bytes object of 1 to 250 bytes, none of them a space, a control byte or DEL. Compiled,
+    a loop over the key costs a few instructions a byte, where the regular expression
+    search of :func:`validate_key` costs a Python call and the regex engine's set-up."""
+    end = len(key)
+    if type(key) is not bytes or end == 0 or end > MAX_KEY_LENGTH:
+        return False
+    for index in range(end):
+        byte = key[index]
+        if byte <= 32 or byte == 127:
+            return False
+    return True
 
 
 def _set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
@@ -102,8 +135,11 @@ class BlockingConnection:
         "address",
         "calls",
         "latencies",
+        "poll_after_idle",
         "report_reply",
         "timeout",
+        "unpolled",
+        "used",
     )
 
     def __init__(self, address: Address, sock: socket.socket, timeout: float,
@@ -122,8 +158,9 @@ class BlockingConnection:
         self._parser = ReplyParser(max_value_size=max_value_size)
         self._poll = select.poll()
         self._poll.register(self._fd, select.POLLIN)
-        # Received into this reused buffer: a fresh bytes object per recv() of this size
-        # cost an allocation (an mmap past glibc's threshold) per call.
+        # Late reads and TLS reads go into this reused buffer. (Plain reads take os.read's
+        # bytes: 64 KiB, under glibc's mmap threshold, and shrunk in place; strace -c shows
+        # no mmap per call.)
         self._buffer = bytearray(_RECV_SIZE)
         self._view = memoryview(self._buffer)
         # Requests made on this connection, by reply kind (its thread's alone: no lock),
@@ -131,6 +168,11 @@ class BlockingConnection:
         self.calls = new_calls()
         self.latencies: Latencies | None = None
         self.report_reply = False
+        #: When the latest request on it began (its deadline: the clock plus ``timeout``),
+        #: and whether it went out without a poll (see :meth:`out_of_step`).
+        self.used = 0.0
+        self.unpolled = False
+        self.poll_after_idle = POLL_AFTER_IDLE
 
     def readable(self) -> bool:
         """Whether the server sent anything (bytes, end of stream, an error) since last read.
@@ -143,16 +185,38 @@ class BlockingConnection:
         # it was asked for, and the stream is out of step.
         return self._parser.unread > 0 or bool(self._poll.poll(0))
 
+    def out_of_step(self, deadline: float) -> bool:
+        """:meth:`readable`, for a request about to go out with ``deadline``; without the
+        poll (a system call) when the previous request began less than ``poll_after_idle``
+        seconds before this one, as calls back to back do.
+
+        Skipping it is safe because nothing else can be on the stream: a connection is
+        closed (by a reset) as soon as a call on it fails or times out, so no late reply
+        can arrive on it; bytes sent beyond a reply arrive with it, and are left unread by
+        the parser (checked here, for free); and an end of stream (the server closed the
+        connection) fails the request's first read, before any byte of a reply, which a
+        retrieval takes as the cue to go again on a new connection (:attr:`unpolled`). Only
+        bytes a server sends of its own accord in the moment after a reply, which memcached
+        never does, could pass unseen."""
+        previous = self.used
+        self.used = deadline
+        self.unpolled = deadline - previous < self.poll_after_idle
+        if self.unpolled:
+            return self._parser.unread > 0
+        return self.readable()
+
     def send(self, data: bytes, deadline: float) -> None:
         """Write ``data`` whole before ``deadline`` (a ``time.monotonic()`` value)."""
         try:
-            sent = self._sock.send(data)
+            # os.write on the descriptor: the same system call's work as socket.send, for
+            # fewer instructions (no argument parsing by format, no timeout machinery).
+            sent = _write(self._fd, data)
             # A request fits the socket's send buffer at once, unless the server stopped
             # reading: then every further write waits only for what is left of the call.
             while sent < len(data):
                 if not self._limit_kernel_timeout(deadline):
                     raise TimeoutError
-                sent += self._sock.send(memoryview(data)[sent:])
+                sent += _write(self._fd, memoryview(data)[sent:])
         except (BlockingIOError, TimeoutError):  # SO_SNDTIMEO ran out
             raise OperationTimeoutError(
                 f"sending to {self.address} took longer than {self.timeout}s"
@@ -210,8 +274,18 @@ class BlockingConnection:
         if self._kernel_timeout != self.timeout and not self._limit_kernel_timeout(deadline):
             raise self._timed_out()
         # The first wait may use the whole timeout: only the send came before it.
-        self._read()
         parser = self._parser
+        if parser.idle:
+            received = self._received()
+            # A one-line reply the first read brought whole: read in one step.
+            found = whole_status(received, kind)
+            if found is not None:
+                if self._kernel_timeout != self.timeout:
+                    self._restore_kernel_timeout()
+                return found
+            parser.feed(received)
+        else:
+            self._read()
         reply = parser.next_reply(kind, keys)
         while reply is None:
             if not self._limit_kernel_timeout(deadline):
@@ -230,9 +304,8 @@ class BlockingConnection:
         the first read brings whole is read in one step (:func:`whole_one_value`)."""
         if self._kernel_timeout != self.timeout and not self._limit_kernel_timeout(deadline):
             raise self._timed_out()
-        count = self._recv(0)
+        received = self._received()
         parser = self._parser
-        received = bytes(self._view[:count])
         if parser.idle:
             found = whole_one_value(received, key, parser.max_value_size)
             if found is not None:
@@ -252,10 +325,27 @@ class BlockingConnection:
 
     def _read(self, flags: int = 0) -> None:
         """One read into the parser, waiting as long as the kernel timeout says."""
+        if not flags:
+            self._parser.feed(self._received())
+            return
         # Two statements: compiled by mypyc, ``self._view[: self._recv(flags)]`` fed an
         # empty slice (the suite catches it in the compiled run).
         count = self._recv(flags)
         self._parser.feed(self._view[:count])
+
+    def _received(self) -> bytes:
+        """One read, waiting as long as the kernel timeout says: the bytes that came
+        (never none). os.read on the descriptor: a bytes object at once, for fewer
+        instructions than recv_into and a copy out of the receive buffer."""
+        try:
+            data = _read_fd(self._fd, _RECV_SIZE)
+        except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO ran out
+            raise self._timed_out() from None
+        except OSError as exc:
+            raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
+        if not data:
+            raise ConnectionLostError(f"{self.address} closed the connection")
+        return data
 
     def _recv(self, flags: int) -> int:
         """One read into the receive buffer: how many bytes came (never 0)."""
@@ -272,13 +362,20 @@ class BlockingConnection:
     def _limit_kernel_timeout(self, deadline: float) -> bool:
         """Make the next system call wait no longer than what is left until ``deadline``;
         False when nothing is left."""
-        remaining = deadline - time.monotonic()
+        remaining = deadline - _monotonic()
         if remaining <= 0:
             return False
         if remaining < self._kernel_timeout:
             self._kernel_timeout = remaining
             _set_kernel_timeouts(self._sock, remaining)
         return True
+
+    def bound(self, deadline: float) -> None:
+        """Make this connection's next system calls wait no longer than what is left until
+        ``deadline`` (:meth:`receive_one` and :meth:`receive_value` restore the timeout):
+        for a request sent again, whose first read must not wait a whole ``timeout``."""
+        if not self._limit_kernel_timeout(deadline):
+            raise self._timed_out()
 
     def _timed_out(self) -> OperationTimeoutError:
         return OperationTimeoutError(f"no reply from {self.address} within {self.timeout}s")
@@ -317,15 +414,41 @@ class TLSConnection(BlockingConnection):
     def readable(self) -> bool:
         return self._parser.unread > 0 or self._tls.pending() > 0 or bool(self._poll.poll(0))
 
+    def out_of_step(self, deadline: float) -> bool:
+        # Always polled: over TLS an end of stream can read as a TLS error, not one a
+        # retrieval would be sent again after (and every TLS read polls anyway).
+        self.used = deadline
+        self.unpolled = False
+        return self.readable()
+
     def send(self, data: bytes, deadline: float) -> None:
         try:
-            super().send(data, deadline)
+            self._send_tls(data, deadline)
         except ConnectionLostError as exc:
             # __context__ too: compiled by mypyc, ``raise ... from`` left only the context.
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, ssl.SSLError):
                 raise self._tls_failed(cause) from cause
             raise
+
+    def _send_tls(self, data: bytes, deadline: float) -> None:
+        # BlockingConnection.send through the TLS layer, never past it to the descriptor.
+        try:
+            sent = self._tls.send(data)
+            while sent < len(data):
+                if not self._limit_kernel_timeout(deadline):
+                    raise TimeoutError
+                sent += self._tls.send(memoryview(data)[sent:])
+        except (BlockingIOError, TimeoutError):
+            raise OperationTimeoutError(
+                f"sending to {self.address} took longer than {self.timeout}s"
+            ) from None
+        except OSError as exc:
+            raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
+
+    def _received(self) -> bytes:
+        count = self._recv(0)
+        return bytes(self._view[:count])
 
     def _tls_failed(self, exc: ssl.SSLError) -> TLSError:
         # Under TLS 1.3 a server that refuses the client's certificate says so only after
@@ -357,7 +480,7 @@ class TLSConnection(BlockingConnection):
         return count
 
     def _limit_kernel_timeout(self, deadline: float) -> bool:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - _monotonic()
         if remaining <= 0:
             return False
         if remaining < self._kernel_timeout:
@@ -391,7 +514,7 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
             ) -> BlockingConnection:  # fmt: skip
     """A connection to ``address`` ready for requests: TLS and authentication done as
     ``settings.security`` asks, all within ``connect_timeout``."""
-    deadline = time.monotonic() + connect_timeout
+    deadline = _monotonic() + connect_timeout
     sock = _open_socket(address, connect_timeout)
     security = settings.security
     if security is None:
@@ -401,7 +524,7 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
         assert security.context is not None
         hostname = security.hostname_for(address)
         try:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.settimeout(max(0.001, deadline - _monotonic()))
             tls = security.context.wrap_socket(sock, server_hostname=hostname)
         except BaseException as exc:
             sock.close()
@@ -456,10 +579,15 @@ class BlockingClient(CommandSet):
         if cluster.dynamic:  # autodiscovery: close connections to nodes that leave
             cluster.add_listener(None, self._local.drop_nodes)
 
-    def _connection(self, node: int, deadline: float) -> BlockingConnection:
+    def _connection(self, node: int, deadline: float, flat: bool = False) -> BlockingConnection:
+        """The calling thread's connection to ``node``, in step for a request. ``flat``: for
+        one request whose failure the caller handles as :meth:`_again` does, so a connection
+        used a moment ago is trusted without a poll (:meth:`BlockingConnection.out_of_step`)."""
         local = self._local
         connection = local.by_node.get(node)
-        if connection is not None and connection.readable():
+        if connection is not None and (
+            connection.out_of_step(deadline) if flat else connection.readable()
+        ):
             # Unsolicited bytes or a closed connection: it cannot carry a request. Start afresh.
             self._discard(node)
             connection = None
@@ -469,9 +597,10 @@ class BlockingClient(CommandSet):
                 self.cluster.addresses[node],
                 settings,
                 # Connecting counts against the call's timeout too.
-                max(0.001, min(settings.connect_timeout, deadline - time.monotonic())),
+                max(0.001, min(settings.connect_timeout, deadline - _monotonic())),
             )
             local.by_node[node] = connection
+            connection.used = deadline
             self._count(node, connection)
         return connection
 
@@ -488,7 +617,7 @@ class BlockingClient(CommandSet):
         kinds: list[ReplyKind],
         expected: list[Sequence[bytes] | None] | None,
     ) -> list[Any]:
-        deadline = time.monotonic() + self._timeout
+        deadline = _monotonic() + self._timeout
         try:
             connection = self._connection(node, deadline)
         except BaseException as exc:
@@ -515,7 +644,7 @@ class BlockingClient(CommandSet):
         keys: Sequence[bytes] | None = None,
     ) -> Any:
         """One request, one reply, on the calling thread; an error reply is raised."""
-        deadline = time.monotonic() + self._timeout
+        deadline = _monotonic() + self._timeout
         connection = self._ready(node, kind, deadline)
         try:
             connection.send(data, deadline)
@@ -523,8 +652,17 @@ class BlockingClient(CommandSet):
                 meanwhile()
             reply = connection.receive_one(kind, deadline, keys)
         except BaseException as exc:
-            self._broken(node, kind, exc)
-            raise
+            if not self._again(node, connection, kind, exc):
+                raise
+            # The server had closed the connection: once more, on a new one.
+            connection = self._ready(node, kind, deadline)
+            try:
+                connection.bound(deadline)
+                connection.send(data, deadline)
+                reply = connection.receive_one(kind, deadline, keys)
+            except BaseException as exc:
+                self._broken(node, kind, exc)
+                raise
         if self.timed or connection.report_reply:
             self._replied(node, connection, kind, deadline)
         if isinstance(reply, CommandError):
@@ -532,14 +670,37 @@ class BlockingClient(CommandSet):
         return reply
 
     def _ready(self, node: int, kind: int, deadline: float) -> BlockingConnection:
-        """The calling thread's connection to ``node``, counting a call of ``kind``."""
+        """The calling thread's connection to ``node`` for one request (of the flat path,
+        whose failures go through :meth:`_again`), counting a call of ``kind``."""
         try:
-            connection = self._connection(node, deadline)
+            connection = self._connection(node, deadline, True)
         except BaseException as exc:
             self._failed(node, kind, exc, True)
             raise
         connection.calls[kind] += 1
         return connection
+
+    def _again(
+        self, node: int, connection: BlockingConnection, kind: int, error: BaseException
+    ) -> bool:
+        """After ``error`` on a request of ``kind`` over ``connection``: whether to send it
+        again, on a new connection; when not, the failure is counted (:meth:`_broken`).
+
+        Again only for a retrieval, which is safe to repeat, that went out without a poll
+        (:meth:`BlockingConnection.out_of_step`) and found the connection closed before any
+        byte of its reply: the end of stream the poll would have seen. Not a failure of the
+        node: the connection is dropped, its call uncounted, the node's health untouched."""
+        if (
+            kind == _RETRIEVAL
+            and connection.unpolled
+            and isinstance(error, ConnectionLostError)
+            and connection._parser.idle
+        ):
+            connection.calls[kind] -= 1
+            self._discard(node)
+            return True
+        self._broken(node, kind, error)
+        return False
 
     def _broken(self, node: int, kind: int, error: BaseException) -> None:
         # Interrupted half-way, the stream is out of step: never reuse it.
@@ -580,7 +741,7 @@ class BlockingClient(CommandSet):
     ) -> None:
         latencies = connection.latencies
         if latencies is not None:
-            latencies.observe(kind, time.monotonic() - (deadline - self._timeout))
+            latencies.observe(kind, _monotonic() - (deadline - self._timeout))
         if connection.report_reply:
             connection.report_reply = False
             self.health.answered(self.cluster.node_ids[node])
@@ -596,8 +757,11 @@ class BlockingClient(CommandSet):
     # the coroutine layers, which cost about a tenth of a call on this path.
     def get_now(self, key: bytes) -> Item | None:
         """:meth:`~CommandSet.get`, as a plain call."""
-        found = self.value_now(validate_key(key), True)
-        return None if found is None else Item(key, found[0], found[1], None)
+        if not _plain_key(key):
+            validate_key(key)  # raises InvalidKeyError, saying what is wrong
+        found = self.value_now(key, True)
+        # tuple.__new__: the NamedTuple's own __new__ is a Python function, a frame per call.
+        return None if found is None else _new_item(Item, (key, found[0], found[1], None))
 
     def value_now(self, key: bytes, checked: bool = False) -> tuple[bytes, int] | None:
         """:meth:`get_now`'s ``(value, flags)``, or None for a miss: no Item built, and
@@ -606,16 +770,27 @@ class BlockingClient(CommandSet):
         if not checked:
             validate_key(key)
         node = self.cluster.node_index(key)
-        deadline = time.monotonic() + self._timeout
+        deadline = _monotonic() + self._timeout
         connection = self._ready(node, _RETRIEVAL, deadline)
         try:
             connection.send(b"get " + key + b"\r\n", deadline)
             reply = connection.receive_value(key, deadline)
         except BaseException as exc:
-            self._broken(node, _RETRIEVAL, exc)
-            raise
+            if not self._again(node, connection, _RETRIEVAL, exc):
+                raise
+            # The server had closed the connection: once more, on a new one.
+            connection = self._ready(node, _RETRIEVAL, deadline)
+            try:
+                connection.bound(deadline)
+                connection.send(b"get " + key + b"\r\n", deadline)
+                reply = connection.receive_value(key, deadline)
+            except BaseException as exc:
+                self._broken(node, _RETRIEVAL, exc)
+                raise
         if self.timed or connection.report_reply:
             self._replied(node, connection, _RETRIEVAL, deadline)
+        if reply.__class__ is tuple:  # the common case, told apart without isinstance()
+            return reply if reply else None
         if isinstance(reply, CommandError):
             raise self._error_reply(node, _RETRIEVAL, reply)
         return reply if reply else None
@@ -676,7 +851,7 @@ class BlockingClient(CommandSet):
         return self.request(node, data, kind, meanwhile, keys)
 
     async def _send_noreply(self, node: int, data: bytes) -> None:
-        deadline = time.monotonic() + self._timeout
+        deadline = _monotonic() + self._timeout
         connection = self._connection(node, deadline)
         try:
             connection.send(data, deadline)
@@ -696,7 +871,7 @@ class BlockingClient(CommandSet):
             return results
         # Several nodes: write to all of them first, then read, so they work in parallel
         # and within one shared timeout.
-        deadline = time.monotonic() + self._timeout
+        deadline = _monotonic() + self._timeout
         connections = self._local.by_node
         sent: list[int] = []
         for node, (data, kinds) in requests.items():

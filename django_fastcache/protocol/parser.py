@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
-from typing import NamedTuple, cast
+from typing import Final, NamedTuple, cast
 
 from django_fastcache.errors import (
     ClientError,
@@ -75,23 +75,23 @@ class Item(NamedTuple):
     cas: int | None  # set for gets/gats, None for get/gat
 
 
-_RETRIEVAL = ReplyKind.RETRIEVAL
+_RETRIEVAL: Final = ReplyKind.RETRIEVAL
 # Builds an Item without the Python-level __new__ of a NamedTuple: one call fewer per item.
-_new_item = tuple.__new__
+_new_item: Final = tuple.__new__
 
 Reply = list[Item] | list[MetaResult] | Status | int | str | dict[str, str] | CommandError
 """What next_reply returns for a complete reply; see ReplyParser.next_reply."""
 
-_UINT32_MAX = 2**32 - 1
-_UINT64_MAX = 2**64 - 1
+_UINT32_MAX: Final = 2**32 - 1
+_UINT64_MAX: Final = 2**64 - 1
 
-_VALUE_HEADER = re.compile(
+_VALUE_HEADER: Final = re.compile(
     rb"VALUE ([\x21-\x7e\x80-\xff]+) ([0-9]{1,10}) ([0-9]{1,20})(?: ([0-9]{1,20}))?"
 )
 
 # A whole one-item reply read in one step: the header (a key no longer than memcached
 # allows), and where it ends. Anything else takes the general, incremental path.
-_ONE_VALUE_HEADER = re.compile(
+_ONE_VALUE_HEADER: Final = re.compile(
     rb"VALUE ([\x21-\x7e\x80-\xff]{1,250}) ([0-9]{1,10}) ([0-9]{1,20})\r\n"
 )
 
@@ -112,16 +112,16 @@ _DIGITS: tuple[bytes, ...] = tuple(b"%d" % n for n in range(_SHORT))
 _FLAGS_KNOWN = 1024
 _SMALL_FLAGS: dict[bytes, int] = {_DIGITS[n]: n for n in range(_FLAGS_KNOWN)}
 # Values at least this long are copied out through a memoryview: one copy instead of two.
-_VIEW_COPY_THRESHOLD = 4096
+_VIEW_COPY_THRESHOLD: Final = 4096
 # Consumed bytes are dropped from the buffer's front once there are this many and they
 # outnumber the unread ones, so compaction stays amortised linear.
-_COMPACT_THRESHOLD = 64 * 1024
+_COMPACT_THRESHOLD: Final = 64 * 1024
 
-_SHOWN_BYTES = 60
+_SHOWN_BYTES: Final = 60
 
 
 #: What :func:`whole_one_value` and :meth:`ReplyParser.next_value` give for a miss.
-MISS: tuple[()] = ()
+MISS: Final[tuple[()]] = ()
 
 
 def whole_one_value(
@@ -176,6 +176,45 @@ def whole_one_value(
     ):
         return None
     return buffer[start:data_end], flags
+
+
+# The one-line replies read whole by whole_status, line ending included.
+_STORAGE_LINES: Final = {status.value + b"\r\n": status for status in _STORAGE_REPLIES.values()}
+_DELETE_LINES: Final = {status.value + b"\r\n": status for status in _DELETE_REPLIES.values()}
+_TOUCH_LINES: Final = {status.value + b"\r\n": status for status in _TOUCH_REPLIES.values()}
+_STORAGE_KIND: Final = ReplyKind.STORAGE
+_DELETE_KIND: Final = ReplyKind.DELETE
+_TOUCH_KIND: Final = ReplyKind.TOUCH
+_ARITHMETIC_KIND: Final = ReplyKind.ARITHMETIC
+
+
+def whole_status(reply: bytes, kind: ReplyKind) -> Status | int | None:
+    """``reply`` read as exactly one whole reply of ``kind``, a one-line reply: the
+    :class:`Status` of a storage command, delete or touch, or an incr/decr's new value
+    (or NOT_FOUND); None when it is anything else (incomplete, an error line, more than
+    one line, another kind), for the general parser to read (and to say what is wrong, if
+    anything is). :func:`whole_one_value` for the other commands of the flat path: a dict
+    look-up, or a loop over a few digits, where the general parser costs thousands of
+    instructions. It never accepts what the general parser would refuse."""
+    if kind is _STORAGE_KIND:
+        return _STORAGE_LINES.get(reply)
+    if kind is _DELETE_KIND:
+        return _DELETE_LINES.get(reply)
+    if kind is _ARITHMETIC_KIND:
+        end = len(reply) - 2
+        # 1 to 20 digits (the general parser's bounds), then the line ending.
+        if end < 1 or end > 20 or reply[end] != 13 or reply[end + 1] != 10:
+            return None
+        value = 0
+        for index in range(end):
+            byte = reply[index]
+            if byte < 48 or byte > 57:
+                return Status.NOT_FOUND if reply == b"NOT_FOUND\r\n" else None
+            value = value * 10 + byte - 48
+        return value if value <= _UINT64_MAX else None
+    if kind is _TOUCH_KIND:
+        return _TOUCH_LINES.get(reply)
+    return None
 
 
 def _digits(reply: bytes, pos: int, end: int, most: int) -> tuple[int, int]:
@@ -770,4 +809,13 @@ def _show(data: bytes | bytearray) -> str:
     return show_bytes(data, _SHOWN_BYTES)
 
 
-__all__ = ["MISS", "Item", "Reply", "ReplyKind", "ReplyParser", "Status", "whole_one_value"]
+__all__ = [
+    "MISS",
+    "Item",
+    "Reply",
+    "ReplyKind",
+    "ReplyParser",
+    "Status",
+    "whole_one_value",
+    "whole_status",
+]

@@ -10,6 +10,7 @@ its timeout, never hang.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -78,6 +79,14 @@ def connections_of_requests(fake: FakeMemcached) -> list[int]:
     return [request.connection for request in fake.requests]
 
 
+def poll_after_idle(c: CommandSet, seconds: float) -> None:
+    """Set how long the blocking client's connection (to the only node) may sit idle and
+    still carry a request without a poll first: 0 polls before every request, ``math.inf``
+    never does. Nothing to set on the asyncio client, which sees bytes as they come."""
+    if isinstance(c, BlockingClient):
+        c._local.by_node[0].poll_after_idle = seconds
+
+
 # -- bad replies -----------------------------------------------------------------------------
 def test_garbage_fails_the_call_and_discards_the_connection(
     run: Runner, fake: FakeMemcached
@@ -125,11 +134,81 @@ def test_close_instead_of_a_reply(run: Runner, fake: FakeMemcached) -> None:
 
     async def scenario(c: CommandSet) -> None:
         assert await c.set(b"x", b"1") is True
+        poll_after_idle(c, 0.0)  # a polled connection: the close fails the call
         with pytest.raises(ConnectionLostError):
             await c.get(b"x")
         assert await c.get(b"x") == Item(b"x", b"1", 0, None)
 
     run([fake.location], scenario)
+    assert connections_of_requests(fake) == [1, 1, 2]
+
+
+@pytest.mark.parametrize("request_kind", ["get", "get_now", "value_now"])
+def test_close_instead_of_a_reply_sends_an_unpolled_get_again(
+    fake: FakeMemcached, request_kind: str
+) -> None:
+    """A connection used a moment ago goes out without a poll: an end of stream before the
+    reply is what the poll would have seen, and a retrieval goes once more, on a new
+    connection, neither counted as failed nor marking the node unhealthy."""
+    fake.script(Action.REPLY, Action.CLOSE)
+    client = BlockingClient(Cluster([fake.location], ClientSettings(timeout=TIMEOUT)))
+    try:
+        assert run_blocking(client.set(b"x", b"1")) is True
+        poll_after_idle(client, math.inf)
+        if request_kind == "get":
+            assert run_blocking(client.get(b"x")) == Item(b"x", b"1", 0, None)
+        elif request_kind == "get_now":
+            assert client.get_now(b"x") == Item(b"x", b"1", 0, None)
+        else:
+            assert client.value_now(b"x") == (b"1", 0)
+        node = client.metrics().nodes[fake.location]
+        assert client.health.unhealthy == set()
+    finally:
+        client.close_thread_connections()
+    assert connections_of_requests(fake) == [1, 1, 2]
+    assert node.healthy
+    assert node.errors == 0
+    assert node.operations["get"].calls == 1
+
+
+def test_a_get_sent_again_is_still_bounded_by_its_timeout(fake: FakeMemcached) -> None:
+    """The connection is closed under the get, and the new connection's server never
+    answers: the call times out within its one timeout, the retry included."""
+    fake.script(Action.REPLY, Action.CLOSE, Action.IGNORE)
+    client = BlockingClient(Cluster([fake.location], ClientSettings(timeout=TIMEOUT)))
+    try:
+        assert run_blocking(client.set(b"x", b"1")) is True
+        poll_after_idle(client, math.inf)
+        started = time.monotonic()
+        with pytest.raises(OperationTimeoutError):
+            client.value_now(b"x")
+        assert time.monotonic() - started < TIMEOUT + SLACK
+    finally:
+        client.close_thread_connections()
+    assert connections_of_requests(fake) == [1, 1, 2]
+
+
+@pytest.mark.parametrize("fails", [Action.CLOSE, Action.TRUNCATE])
+def test_close_before_an_unpolled_write_or_after_part_of_a_reply_fails_the_call(
+    fake: FakeMemcached, fails: Action
+) -> None:
+    """Only a retrieval whose reply has not begun is sent again: a write may have been done
+    (and a repeated add or incr is not the same call), a reply cut short is a failure."""
+    fake.script(Action.REPLY, fails, Action.REPLY)
+    client = BlockingClient(Cluster([fake.location], ClientSettings(timeout=TIMEOUT)))
+    try:
+        assert run_blocking(client.set(b"x", b"1")) is True
+        poll_after_idle(client, math.inf)
+        call: Callable[[], object] = (
+            (lambda: client.store_now(b"add", b"y", b"2", 0, 0))
+            if fails is Action.CLOSE
+            else (lambda: client.value_now(b"x"))
+        )
+        with pytest.raises(ConnectionLostError):
+            call()
+        assert client.value_now(b"x") == (b"1", 0)
+    finally:
+        client.close_thread_connections()
     assert connections_of_requests(fake) == [1, 1, 2]
 
 
@@ -214,7 +293,9 @@ def test_unsolicited_bytes_on_an_idle_connection_are_not_read_as_a_reply(
 ) -> None:
     async def scenario(c: CommandSet) -> None:
         assert await c.get(b"a") == item(b"a")
-        # The connection now sits idle; a forged reply arrives on it.
+        # The connection now sits idle (polled before its next request, however soon that
+        # comes); a forged reply arrives on it.
+        poll_after_idle(c, 0.0)
         assert fake.send_unsolicited(b"VALUE b 0 6\r\nforged\r\nEND\r\n") == 1
         if isinstance(c, Client):
             # The asyncio connection sees the bytes as they come: let it.
