@@ -12,8 +12,8 @@ meanwhile. A write holds its lock for a memcached round trip at most, so the wai
 
 Reads, and opening and closing a connection, are gated too: SQLite takes process-wide
 mutexes inside every call (its allocator's among them), and a child inheriting one held
-would hang on its first use of SQLite. The gate costs a lock round trip per call into the
-disk tier, which the request path makes only on a memcached miss or outage.
+would hang on its first use of SQLite. Each thread counts its own calls in flight, so
+passing the gate takes no lock: only a fork (and a call meeting one) does.
 
 A child never closes a connection its parent opened (SQLite's own rule: closing one may
 checkpoint or remove files from under the parent). CPython frees the other threads' locals
@@ -38,7 +38,6 @@ from ..logs import logger
 FORK_WAIT = 10.0
 
 _condition = threading.Condition(threading.Lock())
-_active = 0
 _forking = False
 _local = threading.local()
 #: This process's id, kept current by the fork hook (no getpid() per use).
@@ -77,31 +76,68 @@ def hold(owner: object, connection: object) -> None:
     connections[key] = (weakref.ref(owner, forget), connection)
 
 
+class _Calls:
+    """One thread's calls into SQLite in flight: a depth only it writes, the fork hook
+    reads."""
+
+    __slots__ = ("__weakref__", "depth")
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+#: Every thread's :class:`_Calls` (held weakly: a thread that ends lets its own go).
+_calls: weakref.WeakSet[_Calls] = weakref.WeakSet()
+
+
+def _own_calls() -> _Calls:
+    calls = _Calls()
+    with _condition:  # not while the fork hook reads the registry
+        _calls.add(calls)
+    _local.calls = calls
+    return calls
+
+
+# enter and leave are on the read path: no lock unless a fork is under way. A thread
+# first raises its own depth, then reads _forking; the fork hook first sets _forking, then
+# reads every depth. Under the GIL each sees the other's write in that order, so either the
+# thread sees the fork (and backs off) or the hook sees the call (and waits for its
+# leave), or both; never neither.
 def enter() -> None:
-    """A call into SQLite begins (nested calls cost a thread-local read); pair with
-    :func:`leave`. Waits while a fork is under way."""
-    global _active
-    local = _local
-    depth: int = getattr(local, "depth", 0)
-    if depth == 0:
-        with _condition:
-            while _forking:
-                _condition.wait()
-            _active += 1
-    local.depth = depth + 1
+    """A call into SQLite begins (nested calls only count); pair with :func:`leave`. Waits
+    while a fork is under way."""
+    try:
+        calls: _Calls = _local.calls
+    except AttributeError:
+        calls = _own_calls()
+    depth = calls.depth
+    calls.depth = depth + 1
+    if _forking and depth == 0:
+        _wait_for_fork(calls)
+
+
+def _wait_for_fork(calls: _Calls) -> None:
+    with _condition:
+        while _forking:
+            calls.depth = 0  # backed off: the fork hook no longer waits for this call
+            _condition.notify_all()
+            _condition.wait()
+            calls.depth = 1
 
 
 def leave() -> None:
     """The call into SQLite that :func:`enter` began has ended."""
-    global _active
-    local = _local
-    depth: int = local.depth - 1
-    local.depth = depth
-    if depth == 0:
-        with _condition:
-            _active -= 1
-            if _active == 0:
-                _condition.notify_all()
+    calls: _Calls = _local.calls
+    depth = calls.depth - 1
+    calls.depth = depth
+    if _forking and depth == 0:
+        with _condition:  # the fork hook waits for this call: tell it
+            _condition.notify_all()
+
+
+def _in_flight(own: _Calls | None) -> int:
+    """How many other threads are inside SQLite now."""
+    return sum(1 for calls in list(_calls) if calls.depth and calls is not own)
 
 
 @contextlib.contextmanager
@@ -118,15 +154,15 @@ def _before_fork() -> None:
     global _forking
     _condition.acquire()  # held through the fork: no write starts meanwhile
     _forking = True
-    own = 1 if getattr(_local, "depth", 0) else 0  # forking from inside a write
+    own: _Calls | None = getattr(_local, "calls", None)  # forking from inside a call
     deadline = time.monotonic() + FORK_WAIT
-    while _active > own:
+    while in_flight := _in_flight(own):
         left = deadline - time.monotonic()
         if left <= 0:
             logger.warning(
                 "fork() went ahead with %d disk tier write(s) still in flight after %.0f s: "
                 "the child may find those database files locked",
-                _active - own,
+                in_flight,
                 FORK_WAIT,
             )
             break
@@ -145,12 +181,15 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _condition, _active, _forking, _local, _threads, _held, _at_fork, pid
-    # The parent's writers are not in the child: nothing is in flight here.
+    global _condition, _forking, _calls, _threads, _held, _at_fork, pid
+    # The parent's other threads are not in the child: nothing of theirs is in flight here
+    # (the forking thread's own calls, if it forked from inside one, still end in leave()).
     _condition = threading.Condition(threading.Lock())
-    _active = 0
     _forking = False
-    _local = threading.local()
+    own: _Calls | None = getattr(_local, "calls", None)
+    _calls = weakref.WeakSet()
+    if own is not None:
+        _calls.add(own)
     pid = os.getpid()
     # The parent's connections: referenced for ever, never closed (nor collected at exit).
     inherited, _at_fork = _at_fork, None
