@@ -46,6 +46,23 @@ a key whose latest write had not landed on disk when memcached lost it (or went 
 whose write was in flight (stamped, not yet in memcached), misses rather than answering an
 older value; that is the documented price of the write path (docs/disk-tier.md).
 
+An ``add`` that took (or a ``get_or_set`` whose lease store memcached took: the worker logs
+it as one) is a conditional write: it wrote where the key held nothing. A read of its value
+``v`` (source ``A``) is also **stale** iff some write ``M`` of a value, acknowledged before the
+read began, began after ``A`` began and before ``A`` ended (``A.start < M.start < A.end``,
+``M.end < R.start``), and no delete, and no loss, could fall between them (none began before
+``A`` ended and ended after ``M`` began). Had ``M`` come after the add, ``R`` must not see
+``v``; had it come before, the add found a value and must not have taken. This is the lease
+store that overwrote a write landing while the value was computed. (A write that began
+before the add did is left alone: memcached may have lost it with its disk copy in flight,
+and an add that then takes is the documented miss, not an old value. For the same reason
+the runner passes its outages as *losses*: a moment memcached may have lost any key. An
+``invalidate()`` is logged as a failed delete, which never ends: an add after one is not
+checked this way.)
+
+An add that took also *read* nothing: it is checked as a read of nothing over its own
+interval (a miss, when it took over a value memcached had lost with its disk copy in flight).
+
 A successful ``incr`` returning ``n`` also *read* ``n - 1``: it is checked as a read of the
 value ``n - 1`` over its own interval, so an increment applied to an overwritten value is
 caught too.
@@ -137,7 +154,7 @@ class _Prefix:
 
 
 class _Key:
-    def __init__(self, ops: Sequence[Op]) -> None:
+    def __init__(self, ops: Sequence[Op], losses: Sequence[tuple[int, float]] = ()) -> None:
         self.ops = sorted(ops, key=lambda op: op.start)
         self.starts = [op.start for op in self.ops]  # for history(), once per key
         writes = [op for op in ops if _is_write(op)]
@@ -152,6 +169,11 @@ class _Key:
         self.writes_ended = _Prefix([op for op in writes if op.ok], bound="end", other="start")
         # The latest-ending delete among those begun before t (a failed one never ends).
         self.deletes_begun = _Prefix(deletes, bound="start", other="end")
+        # Acknowledged writes of a value by start, for the adds' own rule.
+        self.written = sorted((op for op in writes if op.ok), key=lambda op: op.start)
+        self.written_starts = [op.start for op in self.written]
+        self.losses = sorted(losses)
+        self.overtaken: dict[int, Op | None] = {}
 
     def check_value(self, read: Op, value: int) -> Violation | None:
         candidates = self.by_value.get(value, [])
@@ -163,7 +185,32 @@ class _Key:
         latest_start, hidden_by = self.mutations_ended.below(read.start)
         if latest_start > _end(source):
             return Violation(STALE_VALUE, read, source=source, hidden_by=hidden_by)
+        if source.kind == ADD and source.ok:
+            overtaken = self.overtaking(source)
+            if overtaken is not None and overtaken.end < read.start:
+                return Violation(STALE_VALUE, read, source=source, hidden_by=overtaken)
         return None
+
+    def overtaking(self, add: Op) -> Op | None:
+        """The earliest-ending write of a value begun while ``add`` ran with no delete or
+        loss able to fall between them (see the module docs), or None."""
+        key = id(add)
+        if key in self.overtaken:
+            return self.overtaken[key]
+        # Deletes (and losses) begun before the add ended: after the latest end among
+        # them, nothing can empty the key before the add.
+        cutoff, _delete = self.deletes_begun.below(add.end)
+        i = bisect.bisect_left(self.losses, (add.end,))
+        cutoff = max([cutoff, *(end for _start, end in self.losses[:i])])
+        lo = bisect.bisect_right(self.written_starts, max(add.start, cutoff))
+        hi = bisect.bisect_left(self.written_starts, add.end)
+        found = min(
+            (op for op in self.written[lo:hi] if op is not add and op.start > cutoff),
+            key=lambda op: op.end,
+            default=None,
+        )
+        self.overtaken[key] = found
+        return found
 
     def check_nothing(self, read: Op) -> Violation | None:
         latest_write_start, write = self.writes_ended.below(read.start)
@@ -192,9 +239,12 @@ def _is_write(op: Op) -> bool:
     return op.kind == SET or (op.kind in (INCR, ADD) and op.value is not None)
 
 
-def check(ops: Iterable[Op], *, context: int = 5) -> list[Violation]:
+def check(
+    ops: Iterable[Op], *, context: int = 5, losses: Sequence[tuple[int, float]] = ()
+) -> list[Violation]:
     """Every read in ``ops`` that breaks the rules of the module docstring, in start order,
-    each with the key's history around it (``context`` more operations either side)."""
+    each with the key's history around it (``context`` more operations either side).
+    ``losses``: (start, end) of each time memcached may have lost any key (an outage)."""
     by_key: dict[str, list[Op]] = defaultdict(list)
     for op in ops:
         if op.kind not in KINDS:
@@ -202,13 +252,16 @@ def check(ops: Iterable[Op], *, context: int = 5) -> list[Violation]:
         by_key[op.key].append(op)
     violations: list[Violation] = []
     for key_ops in by_key.values():
-        key = _Key(key_ops)
+        key = _Key(key_ops, losses)
         for op in key.ops:
             if not op.ok:
                 continue
             found: Violation | None = None
             if op.kind == GET:
                 found = key.check_nothing(op) if op.value is None else key.check_value(op, op.value)
+            elif op.kind == ADD and op.value is not None:
+                # It took: it found nothing, as a read of nothing over its interval would.
+                found = key.check_nothing(op)
             elif op.kind == INCR:
                 # A missing key, or the value the increment was applied to.
                 found = (

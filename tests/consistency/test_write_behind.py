@@ -34,7 +34,7 @@ from django_fastcache.testing.servers import MemcachedServer
 from django_fastcache.tiered import TieredStore
 from tests.conftest import forget_stacks
 
-from .checker import DELETE, GET, INCR, SET, STALE_NOTHING, Op, check
+from .checker import ADD, DELETE, GET, INCR, SET, STALE_NOTHING, Op, check
 
 pytestmark = [
     pytest.mark.integration,
@@ -89,6 +89,31 @@ class Log:
             self.ops.append(Op(process, SET, key, value, start, time.monotonic_ns(), True))
         return added
 
+    def get_or_set(
+        self, cache: FastCache, process: int, key: str, value: int, during: Callable[[], None]
+    ) -> Any:
+        """get_or_set whose default runs ``during`` (the lease held, its store not yet
+        sent). Logged as the worker logs it: an add that took when the lease store was
+        taken, else a write that may have landed; a value other than its own, as a read."""
+        metrics = tier(cache).metrics
+        before = metrics.leased_stores
+        ran: list[int] = []
+
+        def default() -> int:
+            ran.append(value)
+            during()
+            return value
+
+        start = time.monotonic_ns()
+        result = cache.get_or_set(key, default, timeout=None)
+        end = time.monotonic_ns()
+        if ran:
+            stored = metrics.leased_stores != before
+            self.ops.append(Op(process, ADD if stored else SET, key, value, start, end, stored))
+        if not ran or result != value:
+            self.ops.append(Op(process, GET, key, result, start, end, True))
+        return result
+
     def record(self, op: Op) -> None:
         self.ops.append(op)
 
@@ -97,13 +122,14 @@ class Log:
         return [v for v in check(self.ops) if v.kind != STALE_NOTHING]
 
 
-def make(location: str, directory: str, process: int) -> FastCache:
+def make(location: str, directory: str, process: int, **extra: Any) -> FastCache:
     """FastCache as process ``process`` of the host would have it: its own stack."""
     options = {
         "disk_directory": directory,
         "sign_values": False,
         "connect_timeout": 1.0 + process / 100,  # a stack of its own
         "operation_timeout": 0.5,
+        **extra,
     }
     return FastCache(location, {"OPTIONS": options})
 
@@ -210,6 +236,81 @@ def test_a_write_landing_between_the_miss_and_the_lease_is_not_undone(
     assert log.get(reader, 0, "k") is None
     assert log.get(writer, 1, "k") is None
     assert log.stale_reads() == []
+
+
+# -- a write racing a get_or_set's computation ------------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["missing", "stale"])
+@pytest.mark.parametrize("racer", ["set", "delete"])
+def test_a_write_or_delete_landing_while_get_or_set_computes_wins(
+    server: MemcachedServer, directory: str, racer: str, state: str
+) -> None:
+    # The winner's lease is held (a stub for a missing key; for a value invalidate() marked
+    # stale, the win stale-while-revalidate hands out) while another process writes or
+    # deletes; the winner's store carries the lease's CAS and must lose, in memcached and
+    # on disk, though get_or_set still returns what it computed.
+    log = Log()
+    cache = make(server.location, directory, 0, stale_while_revalidate=30)
+    other = make(server.location, directory, 1, stale_while_revalidate=30)
+    if state == "stale":
+        log.set(other, 1, "k", 1)
+        assert cache.invalidate("k") is True  # type: ignore[attr-defined]
+        # (not logged: plain reads may still see 1 until a get_or_set replaces it)
+
+    def write_meanwhile() -> None:
+        if racer == "set":
+            log.set(other, 1, "k", 2)
+        else:
+            log.delete(other, 1, "k")
+
+    assert log.get_or_set(cache, 0, "k", 3, write_meanwhile) == 3
+    assert tier(cache).flush()
+    assert tier(other).flush()
+    seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
+    server.flush()  # the disk answers now
+    seen += [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
+    assert check(log.ops) == []  # not even a miss: nothing was lost
+    expected = 2 if racer == "set" else None
+    assert seen == [expected] * 4
+    assert tier(cache).metrics.leased_stores == 0
+
+
+# -- an add racing a refill -------------------------------------------------------------------
+
+
+def test_an_add_racing_another_process_refill_is_refused(
+    server: MemcachedServer, directory: str
+) -> None:
+    # The refill's lease (a stub) is held when the other process adds: the disk has the
+    # value, so the add is refused and leaves the stub; the refill's store then lands.
+    log = Log()
+    reader, adder = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(reader, 0, "k", 1)
+    assert tier(reader).flush()
+    server.flush()
+    added: list[bool] = []
+
+    def add_meanwhile() -> None:
+        start = time.monotonic_ns()
+        took = adder.add("k", 2, timeout=None)
+        if took:
+            log.record(Op(1, ADD, "k", 2, start, time.monotonic_ns(), True))
+        added.append(took)
+
+    store = tier(reader)
+    blocking = store.blocking
+    store.blocking = _Between(blocking, "meta_set", add_meanwhile)  # type: ignore[assignment]
+    try:
+        assert log.get(reader, 0, "k") == 1
+    finally:
+        store.blocking = blocking
+    for process, each in ((0, reader), (1, adder), (0, reader)):
+        log.get(each, process, "k")
+    assert check(log.ops) == []  # not even a miss: nothing was lost
+    assert added == [False]
+    assert store.metrics.refills == 1
+    assert log.get(adder, 1, "k") == 1
 
 
 # -- a write behind landing after a newer write -------------------------------------------------

@@ -49,9 +49,12 @@ SLOTS = 4
 WORKER_SPACING = 10**12
 WRITE_SPACING = 10**4
 #: The share of reads made with get_or_set (its lease, and the disk tier's answer under it)
-#: instead of get. One whose default ran is logged as a write of the default's value that
-#: may or may not have landed (a failed set: the lease's store can lose to another write),
-#: and, if it returned another value (Django's own get_or_set reads again), as a read too.
+#: instead of get. One whose default ran and whose lease store memcached took (the tier's
+#: ``leased_stores`` counter moved) is logged as an add that took, over the call's interval:
+#: it wrote its value where the key held none. One whose store was refused or not made (a
+#: write replaced the lease, the node was out, the wait ran out) is logged as a write that
+#: may or may not have landed (a failed set); if it returned another value (Django's own
+#: get_or_set reads again), as a read too.
 GET_OR_SET_SHARE = 0.3
 #: The share of deletes made with invalidate() instead: memcached keeps the value, marked
 #: stale, which plain reads may still return until get_or_set replaces it or it expires.
@@ -123,6 +126,7 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
         key = rng.randrange(len(keys))
         value: int | None = None
         fallbacks, disk_hits, journaled = metrics.fallbacks, metrics.disk_hits, metrics.journaled
+        leased_stores = metrics.leased_stores
         began = time.monotonic_ns()
         ok = True
         computed: int | None = None
@@ -178,13 +182,15 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
             counters[slot + JOURNALED_WRITES] += 1
         counters[slot + OPS] += 1
         if computed is not None:
-            # The default's value: a write that may have landed, over the call's interval.
-            kinds.append(1)
+            # The default's value: an add that took (stored under the lease), or a write
+            # that may have landed, over the call's interval.
+            stored = ok and metrics.leased_stores != leased_stores
+            kinds.append(KINDS.index(ADD) if stored else KINDS.index(SET))
             key_column.append(key)
             values.append(computed)
             starts.append(began)
             ends.append(ended)
-            oks.append(False)
+            oks.append(stored)
             sources.append(source)
             if value == computed:
                 continue  # nothing was read
