@@ -49,16 +49,22 @@ older value; that is the documented price of the write path (docs/disk-tier.md).
 An ``add`` that took (or a ``get_or_set`` whose lease store memcached took: the worker logs
 it as one) is a conditional write: it wrote where the key held nothing. A read of its value
 ``v`` (source ``A``) is also **stale** iff some write ``M`` of a value, acknowledged before the
-read began, began after ``A`` began and before ``A`` ended (``A.start < M.start < A.end``,
+read began (a ``set`` or an ``add``: an ``incr`` of a value ``invalidate()`` marked stale
+leaves it stale, and ``get_or_set`` then replaces it), began after ``A`` began and before
+``A`` ended (``A.start < M.start < A.end``,
 ``M.end < R.start``), and no delete, and no loss, could fall between them (none began before
 ``A`` ended and ended after ``M`` began). Had ``M`` come after the add, ``R`` must not see
 ``v``; had it come before, the add found a value and must not have taken. This is the lease
 store that overwrote a write landing while the value was computed. (A write that began
 before the add did is left alone: memcached may have lost it with its disk copy in flight,
 and an add that then takes is the documented miss, not an old value. For the same reason
-the runner passes its outages as *losses*: a moment memcached may have lost any key. An
-``invalidate()`` is logged as a failed delete, which never ends: an add after one is not
-checked this way.)
+the runner passes its outages as *losses*: a moment memcached may have lost any key.)
+
+An ``invalidate`` leaves the value in memcached, marked stale: plain reads may return it
+until a ``get_or_set`` replaces it. Everywhere it counts as a delete that may take effect at
+any time after it began (a failed one): it explains a later miss and hides no value. Only
+for the rule above does it take effect within its interval: a ``get_or_set`` wins the stale
+value's lease, and a write after the invalidate replaces the value and so that lease.
 
 An add that took also *read* nothing: it is checked as a read of nothing over its own
 interval (a miss, when it took over a value memcached had lost with its disk copy in flight).
@@ -87,7 +93,8 @@ from typing import NamedTuple
 __all__ = ["Op", "Violation", "check", "format_violation"]
 
 SET, GET, DELETE, INCR, ADD = "set", "get", "delete", "incr", "add"
-KINDS = (SET, GET, DELETE, INCR, ADD)
+INVALIDATE = "invalidate"
+KINDS = (SET, GET, DELETE, INCR, ADD, INVALIDATE)
 
 STALE_VALUE = "stale value"
 STALE_NOTHING = "stale nothing"
@@ -158,7 +165,11 @@ class _Key:
         self.ops = sorted(ops, key=lambda op: op.start)
         self.starts = [op.start for op in self.ops]  # for history(), once per key
         writes = [op for op in ops if _is_write(op)]
+        # invalidate() leaves the value, marked stale, which plain reads may still return:
+        # a delete that may take effect at any time (a failed one), except to an add (below).
+        invalidates = [op for op in ops if op.kind == INVALIDATE]
         deletes = [op for op in ops if op.kind == DELETE]
+        deletes += [op._replace(ok=False) for op in invalidates]
         self.by_value: dict[int, list[Op]] = defaultdict(list)
         for op in writes:
             assert op.value is not None
@@ -169,8 +180,15 @@ class _Key:
         self.writes_ended = _Prefix([op for op in writes if op.ok], bound="end", other="start")
         # The latest-ending delete among those begun before t (a failed one never ends).
         self.deletes_begun = _Prefix(deletes, bound="start", other="end")
-        # Acknowledged writes of a value by start, for the adds' own rule.
-        self.written = sorted((op for op in writes if op.ok), key=lambda op: op.start)
+        # What could empty the key before an add: an invalidate within its own interval
+        # (a get_or_set wins a stale value's lease; a write after it replaces the value).
+        emptying = [op for op in ops if op.kind == DELETE] + invalidates
+        self.emptied_begun = _Prefix(emptying, bound="start", other="end")
+        # Acknowledged sets and adds by start, for the adds' own rule (not increments: one
+        # of a value invalidate() marked stale leaves it stale, for get_or_set to replace).
+        self.written = sorted(
+            (op for op in writes if op.ok and op.kind != INCR), key=lambda op: op.start
+        )
         self.written_starts = [op.start for op in self.written]
         self.losses = sorted(losses)
         self.overtaken: dict[int, Op | None] = {}
@@ -199,7 +217,7 @@ class _Key:
             return self.overtaken[key]
         # Deletes (and losses) begun before the add ended: after the latest end among
         # them, nothing can empty the key before the add.
-        cutoff, _delete = self.deletes_begun.below(add.end)
+        cutoff, _delete = self.emptied_begun.below(add.end)
         i = bisect.bisect_left(self.losses, (add.end,))
         cutoff = max([cutoff, *(end for _start, end in self.losses[:i])])
         lo = bisect.bisect_right(self.written_starts, max(add.start, cutoff))

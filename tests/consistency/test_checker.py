@@ -14,6 +14,7 @@ from .checker import (
     FUTURE_VALUE,
     GET,
     INCR,
+    INVALIDATE,
     SET,
     STALE_NOTHING,
     STALE_VALUE,
@@ -343,3 +344,24 @@ def test_an_add_is_not_faulted_for_writes_begun_before_it_or_failed_or_read_too_
 def test_an_add_that_took_over_an_acknowledged_value_is_a_read_of_nothing() -> None:
     assert kinds([op(0, SET, 10, 0, 1), op(1, ADD, 20, 2, 3)]) == [STALE_NOTHING]
     assert kinds([op(0, SET, 10, 0, 1), op(0, DELETE, None, 1, 2), op(1, ADD, 20, 2, 3)]) == []
+
+
+def test_an_invalidate_hides_nothing_explains_misses_and_empties_the_key_for_an_add() -> None:
+    # Plain reads may still return the value marked stale; a later miss is explained.
+    assert kinds([op(0, SET, 10, 0, 1), op(1, INVALIDATE, None, 2, 3),
+                  op(1, GET, 10, 4, 5), op(0, GET, None, 6, 7)]) == []  # fmt: skip
+    # get_or_set won the stale value's lease and stored (an add): fine after the invalidate...
+    history = [op(0, SET, 10, 0, 1), op(1, INVALIDATE, None, 2, 3), op(0, ADD, 20, 4, 10)]
+    assert kinds([*history, op(1, GET, 20, 11, 12)]) == []
+    # ...but not over a write that landed while it computed, after the invalidate.
+    assert kinds([*history, op(2, SET, 30, 5, 6), op(1, GET, 20, 11, 12)]) == [STALE_VALUE]
+    # An invalidate running alongside the write may have come after it.
+    assert kinds([*history[:1], op(1, INVALIDATE, None, 2, 7), history[2],
+                  op(2, SET, 30, 5, 6), op(1, GET, 20, 11, 12)]) == []  # fmt: skip
+
+
+def test_an_increment_while_an_add_ran_does_not_hide_the_adds_value() -> None:
+    # An incr of a value invalidate() marked stale leaves it stale: get_or_set then wins
+    # its lease and replaces it, after the increment.
+    assert kinds([op(0, SET, 10, 0, 1), op(1, INVALIDATE, None, 2, 3), op(0, ADD, 20, 4, 10),
+                  op(2, INCR, 11, 5, 6), op(1, GET, 20, 11, 12)]) == []  # fmt: skip

@@ -21,7 +21,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from .checker import ADD, DELETE, GET, INCR, SET
+from .checker import ADD, DELETE, GET, INCR, INVALIDATE, SET
 
 #: The log's columns and their array type codes. ``kind`` indexes :data:`KINDS`, ``key``
 #: the worker's key list, ``source`` :data:`SOURCES`; ``value`` is :data:`NOTHING` for None.
@@ -34,7 +34,7 @@ COLUMNS = {
     "ok": "b",
     "source": "b",
 }
-KINDS = (GET, SET, DELETE, INCR, ADD)
+KINDS = (GET, SET, DELETE, INCR, ADD, INVALIDATE)
 #: Where an answer came from, as the worker saw it in the disk tier's counters.
 SOURCES = ("memcached", "fallback", "disk", "journaled")
 MEMCACHED, FALLBACK, DISK, JOURNALED = range(len(SOURCES))
@@ -58,8 +58,8 @@ WRITE_SPACING = 10**4
 GET_OR_SET_SHARE = 0.3
 #: The share of deletes made with invalidate() instead: memcached keeps the value, marked
 #: stale, which plain reads may still return until get_or_set replaces it or it expires.
-#: Logged as a delete that may or may not have taken effect (a failed one): it explains a
-#: later miss, and makes no read of the old value stale.
+#: Logged as such: the checker counts it as a delete that may or may not have taken effect
+#: (a failed one), which explains a later miss and makes no read of the old value stale.
 INVALIDATE_SHARE = 0.3
 
 
@@ -122,7 +122,7 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
     cache.get("warm-up")  # connections and SQLite opened before the clock starts
     start.wait()
     while not stop.is_set():
-        kind = rng.choices(range(len(KINDS)), config.mix)[0]
+        kind = rng.choices(range(len(config.mix)), config.mix)[0]
         key = rng.randrange(len(keys))
         value: int | None = None
         fallbacks, disk_hits, journaled = metrics.fallbacks, metrics.disk_hits, metrics.journaled
@@ -151,7 +151,7 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
                 cache.set(keys[key], value, timeout=None)
             elif kind == 2 and rng.random() < INVALIDATE_SHARE:
                 cache.invalidate(keys[key])  # type: ignore[attr-defined]
-                ok = False  # (not an error: see INVALIDATE_SHARE)
+                kind = KINDS.index(INVALIDATE)
             elif kind == 2:
                 cache.delete(keys[key])
             elif kind == 3:
