@@ -219,10 +219,17 @@ class RunResult:
             totals["disk_failures"] += stats["disk_failures"]
         lines.append(f"  disk tier counters over all workers: {dict(totals)}")
         reads = sum(1 for kind in columns["kind"] if KINDS[kind] in (GET, "incr"))
+        # Adds that took (get_or_set's stored values among them): each read nothing.
+        adds = sum(
+            1
+            for kind, value in zip(columns["kind"], columns["value"])
+            if KINDS[kind] == "add" and value != NOTHING
+        )
         lines.append(
             f"  errors: {len(self.errors)}, stale reads: {len(self.violations)}; reads and "
-            f"increments checked: {reads}, of which misses where a value was due (allowed, "
-            f"the disk copy lagging or a write in flight): {len(self.misses)}"
+            f"increments checked: {reads}, adds that took checked: {adds}; misses where a "
+            f"value was due (allowed, the disk copy lagging or a write in flight): "
+            f"{len(self.misses)}"
         )
         return "\n".join(lines)
 

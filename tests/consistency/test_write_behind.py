@@ -277,6 +277,33 @@ def test_a_write_or_delete_landing_while_get_or_set_computes_wins(
     assert tier(cache).metrics.leased_stores == 0
 
 
+def test_an_add_landing_while_get_or_set_computes_wins(
+    server: MemcachedServer, directory: str
+) -> None:
+    # The disk has nothing for the key: the add replaces the get_or_set's stub, as a set
+    # would, and the winner's store (with the stub's CAS) must then lose.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    added: list[bool] = []
+
+    def add_meanwhile() -> None:
+        start = time.monotonic_ns()
+        took = other.add("k", 2, timeout=None)
+        if took:
+            log.record(Op(1, ADD, "k", 2, start, time.monotonic_ns(), True))
+        added.append(took)
+
+    assert log.get_or_set(cache, 0, "k", 3, add_meanwhile) == 3
+    assert tier(cache).flush()
+    assert tier(other).flush()
+    seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
+    server.flush()  # the disk answers now
+    seen += [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
+    assert check(log.ops) == []  # not even a miss: nothing was lost
+    assert added == [True]
+    assert seen == [2] * 4
+
+
 # -- an add racing a refill -------------------------------------------------------------------
 
 
