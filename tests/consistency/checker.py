@@ -51,11 +51,11 @@ it as one) is a conditional write: it wrote where the key held nothing. A read o
 ``v`` (source ``A``) is also **stale** iff some write ``M`` of a value, acknowledged before the
 read began (a ``set`` or an ``add``: an ``incr`` of a value ``invalidate()`` marked stale
 leaves it stale, and ``get_or_set`` then replaces it), began after ``A`` began and before
-``A`` ended (``A.start < M.start < A.end``,
-``M.end < R.start``), and no delete, and no loss, could fall between them (none began before
-``A`` ended and ended after ``M`` began). Had ``M`` come after the add, ``R`` must not see
-``v``; had it come before, the add found a value and must not have taken. This is the lease
-store that overwrote a write landing while the value was computed. (A write that began
+``A`` ended (``A.start < M.start < A.end``, ``M.end < R.start``), and no delete, and no
+loss, could fall between them (none began before ``A`` ended and ended after ``M`` began).
+Had ``M`` come after the add, ``R`` must not see ``v``; had it come before, the add found a
+value and must not have taken. This is the lease store that overwrote a write landing
+while the value was computed. (A write that began
 before the add did is left alone: memcached may have lost it with its disk copy in flight,
 and an add that then takes is the documented miss, not an old value. For the same reason
 the runner passes its outages as *losses*: a moment memcached may have lost any key.)
@@ -84,6 +84,7 @@ binary search per read).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -190,7 +191,11 @@ class _Key:
             (op for op in writes if op.ok and op.kind != INCR), key=lambda op: op.start
         )
         self.written_starts = [op.start for op in self.written]
-        self.losses = sorted(losses)
+        # Outages by start, with the latest end among those begun so far.
+        self.loss_starts = sorted(start for start, _end in losses)
+        self.loss_ends = list(itertools.accumulate(
+            (end for _start, end in sorted(losses)), max
+        ))  # fmt: skip
         self.overtaken: dict[int, Op | None] = {}
 
     def check_value(self, read: Op, value: int) -> Violation | None:
@@ -218,8 +223,9 @@ class _Key:
         # Deletes (and losses) begun before the add ended: after the latest end among
         # them, nothing can empty the key before the add.
         cutoff, _delete = self.emptied_begun.below(add.end)
-        i = bisect.bisect_left(self.losses, (add.end,))
-        cutoff = max([cutoff, *(end for _start, end in self.losses[:i])])
+        i = bisect.bisect_left(self.loss_starts, add.end)
+        if i:
+            cutoff = max(cutoff, self.loss_ends[i - 1])
         lo = bisect.bisect_right(self.written_starts, max(add.start, cutoff))
         hi = bisect.bisect_left(self.written_starts, add.end)
         found = min(
