@@ -103,6 +103,9 @@ class TierMetrics:
     #: Calls this process could not send for want of its own resources (descriptors):
     #: reads were answered by the disk tier, no node was marked out.
     local_failures: int = 0
+    #: Lease winners' stores (get_or_set's ``ms … C<cas>``) memcached took: the consistency
+    #: checker tells from it whether a computed value was written.
+    leased_stores: int = 0
     by_node: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
@@ -556,6 +559,7 @@ class TieredStore:
             self._memcached_failed(node, exc, read=False)
             return False
         if stored.status is MetaStatus.HD:
+            self.metrics.leased_stores += 1
             self._queue(key, stamp, data, flags, ttl, now)
             return True
         if stored.status is MetaStatus.EX:

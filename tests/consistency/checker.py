@@ -46,6 +46,29 @@ a key whose latest write had not landed on disk when memcached lost it (or went 
 whose write was in flight (stamped, not yet in memcached), misses rather than answering an
 older value; that is the documented price of the write path (docs/disk-tier.md).
 
+An ``add`` that took (or a ``get_or_set`` whose lease store memcached took: the worker logs
+it as one) is a conditional write: it wrote where the key held nothing. A read of its value
+``v`` (source ``A``) is also **stale** iff some write ``M`` of a value, acknowledged before the
+read began (a ``set`` or an ``add``: an ``incr`` of a value ``invalidate()`` marked stale
+leaves it stale, and ``get_or_set`` then replaces it), began after ``A`` began and before
+``A`` ended (``A.start < M.start < A.end``, ``M.end < R.start``), and no delete, and no
+loss, could fall between them (none began before ``A`` ended and ended after ``M`` began).
+Had ``M`` come after the add, ``R`` must not see ``v``; had it come before, the add found a
+value and must not have taken. This is the lease store that overwrote a write landing
+while the value was computed. (A write that began
+before the add did is left alone: memcached may have lost it with its disk copy in flight,
+and an add that then takes is the documented miss, not an old value. For the same reason
+the runner passes its outages as *losses*: a moment memcached may have lost any key.)
+
+An ``invalidate`` leaves the value in memcached, marked stale: plain reads may return it
+until a ``get_or_set`` replaces it. Everywhere it counts as a delete that may take effect at
+any time after it began (a failed one): it explains a later miss and hides no value. Only
+for the rule above does it take effect within its interval: a ``get_or_set`` wins the stale
+value's lease, and a write after the invalidate replaces the value and so that lease.
+
+An add that took also *read* nothing: it is checked as a read of nothing over its own
+interval (a miss, when it took over a value memcached had lost with its disk copy in flight).
+
 A successful ``incr`` returning ``n`` also *read* ``n - 1``: it is checked as a read of the
 value ``n - 1`` over its own interval, so an increment applied to an overwritten value is
 caught too.
@@ -61,6 +84,7 @@ binary search per read).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -70,7 +94,8 @@ from typing import NamedTuple
 __all__ = ["Op", "Violation", "check", "format_violation"]
 
 SET, GET, DELETE, INCR, ADD = "set", "get", "delete", "incr", "add"
-KINDS = (SET, GET, DELETE, INCR, ADD)
+INVALIDATE = "invalidate"
+KINDS = (SET, GET, DELETE, INCR, ADD, INVALIDATE)
 
 STALE_VALUE = "stale value"
 STALE_NOTHING = "stale nothing"
@@ -137,11 +162,15 @@ class _Prefix:
 
 
 class _Key:
-    def __init__(self, ops: Sequence[Op]) -> None:
+    def __init__(self, ops: Sequence[Op], losses: Sequence[tuple[int, float]] = ()) -> None:
         self.ops = sorted(ops, key=lambda op: op.start)
         self.starts = [op.start for op in self.ops]  # for history(), once per key
         writes = [op for op in ops if _is_write(op)]
+        # invalidate() leaves the value, marked stale, which plain reads may still return:
+        # a delete that may take effect at any time (a failed one), except to an add (below).
+        invalidates = [op for op in ops if op.kind == INVALIDATE]
         deletes = [op for op in ops if op.kind == DELETE]
+        deletes += [op._replace(ok=False) for op in invalidates]
         self.by_value: dict[int, list[Op]] = defaultdict(list)
         for op in writes:
             assert op.value is not None
@@ -152,6 +181,22 @@ class _Key:
         self.writes_ended = _Prefix([op for op in writes if op.ok], bound="end", other="start")
         # The latest-ending delete among those begun before t (a failed one never ends).
         self.deletes_begun = _Prefix(deletes, bound="start", other="end")
+        # What could empty the key before an add: an invalidate within its own interval
+        # (a get_or_set wins a stale value's lease; a write after it replaces the value).
+        emptying = [op for op in ops if op.kind == DELETE] + invalidates
+        self.emptied_begun = _Prefix(emptying, bound="start", other="end")
+        # Acknowledged sets and adds by start, for the adds' own rule (not increments: one
+        # of a value invalidate() marked stale leaves it stale, for get_or_set to replace).
+        self.written = sorted(
+            (op for op in writes if op.ok and op.kind != INCR), key=lambda op: op.start
+        )
+        self.written_starts = [op.start for op in self.written]
+        # Outages by start, with the latest end among those begun so far.
+        self.loss_starts = sorted(start for start, _end in losses)
+        self.loss_ends = list(itertools.accumulate(
+            (end for _start, end in sorted(losses)), max
+        ))  # fmt: skip
+        self.overtaken: dict[int, Op | None] = {}
 
     def check_value(self, read: Op, value: int) -> Violation | None:
         candidates = self.by_value.get(value, [])
@@ -163,7 +208,33 @@ class _Key:
         latest_start, hidden_by = self.mutations_ended.below(read.start)
         if latest_start > _end(source):
             return Violation(STALE_VALUE, read, source=source, hidden_by=hidden_by)
+        if source.kind == ADD and source.ok:
+            overtaken = self.overtaking(source)
+            if overtaken is not None and overtaken.end < read.start:
+                return Violation(STALE_VALUE, read, source=source, hidden_by=overtaken)
         return None
+
+    def overtaking(self, add: Op) -> Op | None:
+        """The earliest-ending write of a value begun while ``add`` ran with no delete or
+        loss able to fall between them (see the module docs), or None."""
+        key = id(add)
+        if key in self.overtaken:
+            return self.overtaken[key]
+        # Deletes (and losses) begun before the add ended: after the latest end among
+        # them, nothing can empty the key before the add.
+        cutoff, _delete = self.emptied_begun.below(add.end)
+        i = bisect.bisect_left(self.loss_starts, add.end)
+        if i:
+            cutoff = max(cutoff, self.loss_ends[i - 1])
+        lo = bisect.bisect_right(self.written_starts, max(add.start, cutoff))
+        hi = bisect.bisect_left(self.written_starts, add.end)
+        found = min(
+            (op for op in self.written[lo:hi] if op is not add and op.start > cutoff),
+            key=lambda op: op.end,
+            default=None,
+        )
+        self.overtaken[key] = found
+        return found
 
     def check_nothing(self, read: Op) -> Violation | None:
         latest_write_start, write = self.writes_ended.below(read.start)
@@ -192,9 +263,12 @@ def _is_write(op: Op) -> bool:
     return op.kind == SET or (op.kind in (INCR, ADD) and op.value is not None)
 
 
-def check(ops: Iterable[Op], *, context: int = 5) -> list[Violation]:
+def check(
+    ops: Iterable[Op], *, context: int = 5, losses: Sequence[tuple[int, float]] = ()
+) -> list[Violation]:
     """Every read in ``ops`` that breaks the rules of the module docstring, in start order,
-    each with the key's history around it (``context`` more operations either side)."""
+    each with the key's history around it (``context`` more operations either side).
+    ``losses``: (start, end) of each time memcached may have lost any key (an outage)."""
     by_key: dict[str, list[Op]] = defaultdict(list)
     for op in ops:
         if op.kind not in KINDS:
@@ -202,13 +276,16 @@ def check(ops: Iterable[Op], *, context: int = 5) -> list[Violation]:
         by_key[op.key].append(op)
     violations: list[Violation] = []
     for key_ops in by_key.values():
-        key = _Key(key_ops)
+        key = _Key(key_ops, losses)
         for op in key.ops:
             if not op.ok:
                 continue
             found: Violation | None = None
             if op.kind == GET:
                 found = key.check_nothing(op) if op.value is None else key.check_value(op, op.value)
+            elif op.kind == ADD and op.value is not None:
+                # It took: it found nothing, as a read of nothing over its interval would.
+                found = key.check_nothing(op)
             elif op.kind == INCR:
                 # A missing key, or the value the increment was applied to.
                 found = (

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import math
 import multiprocessing
 import os
 import pickle
@@ -141,11 +142,11 @@ class History:
     def ops_of_key(self, key: int) -> list[Op]:
         return [self.op(row) for row in self.rows_of_key.get(key, ())]
 
-    def check(self) -> list[Violation]:
+    def check(self, losses: Sequence[tuple[int, float]] = ()) -> list[Violation]:
         """The checker, key by key (only one key's operations are ever objects at once)."""
         violations: list[Violation] = []
         for key in sorted(self.rows_of_key):
-            violations += check(self.ops_of_key(key))
+            violations += check(self.ops_of_key(key), losses=losses)
         violations.sort(key=lambda v: v.read.start)
         return violations
 
@@ -218,10 +219,17 @@ class RunResult:
             totals["disk_failures"] += stats["disk_failures"]
         lines.append(f"  disk tier counters over all workers: {dict(totals)}")
         reads = sum(1 for kind in columns["kind"] if KINDS[kind] in (GET, "incr"))
+        # Adds that took (get_or_set's stored values among them): each read nothing.
+        adds = sum(
+            1
+            for kind, value in zip(columns["kind"], columns["value"])
+            if KINDS[kind] == "add" and value != NOTHING
+        )
         lines.append(
             f"  errors: {len(self.errors)}, stale reads: {len(self.violations)}; reads and "
-            f"increments checked: {reads}, of which misses where a value was due (allowed, "
-            f"the disk copy lagging or a write in flight): {len(self.misses)}"
+            f"increments checked: {reads}, adds that took checked: {adds}; misses where a "
+            f"value was due (allowed, the disk copy lagging or a write in flight): "
+            f"{len(self.misses)}"
         )
         return "\n".join(lines)
 
@@ -432,7 +440,9 @@ def run(
     history = History(logs, keys)
     outcome = RunResult(elapsed, processes, seed, history, events, errors, stats)
     log(f"checking {len(history)} operations")
-    found = history.check()
+    # Each outage may have lost any key whose disk copy was in flight, until it was over.
+    losses = [(event.start, float(event.recovered or math.inf)) for event in events]
+    found = history.check(losses)
     outcome.violations = [v for v in found if v.kind != STALE_NOTHING]
     outcome.misses = [v for v in found if v.kind == STALE_NOTHING]
     return outcome

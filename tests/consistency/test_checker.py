@@ -14,6 +14,7 @@ from .checker import (
     FUTURE_VALUE,
     GET,
     INCR,
+    INVALIDATE,
     SET,
     STALE_NOTHING,
     STALE_VALUE,
@@ -299,3 +300,68 @@ def test_an_add_that_took_writes_its_value_and_a_refused_one_writes_nothing() ->
         op(0, ADD, 30, 0, 1),
         op(1, GET, None, 2, 3),
     ]) == [STALE_NOTHING]  # fmt: skip
+
+
+def test_a_write_landing_while_an_add_ran_hides_the_adds_value() -> None:
+    # get_or_set's lease store (an add that took) overwrote a set acknowledged meanwhile.
+    assert kinds([
+        op(0, ADD, 10, 0, 10),
+        op(1, SET, 20, 2, 3),
+        op(1, GET, 10, 11, 12),
+    ]) == [STALE_VALUE]  # fmt: skip
+    found = check([op(0, ADD, 10, 0, 10), op(1, SET, 20, 2, 3), op(1, GET, 10, 11, 12)])
+    assert found[0].hidden_by == op(1, SET, 20, 2, 3)
+    # The write's value read afterwards is fine: the add came first, or never took.
+    assert kinds([op(0, ADD, 10, 0, 10), op(1, SET, 20, 2, 3), op(1, GET, 20, 11, 12)]) == []
+
+
+def test_an_adds_value_after_a_concurrent_write_is_explained_by_a_delete_or_loss() -> None:
+    history = [op(0, ADD, 10, 0, 10), op(1, SET, 20, 2, 3), op(1, GET, 10, 11, 12)]
+    # A delete between the write and the add emptied the key: the add may take after it.
+    assert kinds([*history, op(2, DELETE, None, 4, 5)]) == []
+    assert kinds([*history, op(2, DELETE, None, 1, 9, ok=False)]) == []
+    # A delete that ended before the write began explains nothing.
+    assert kinds([*history, op(2, DELETE, None, 0, 1)]) == [STALE_VALUE]
+    # An outage during the add may have lost the write (its disk copy in flight).
+    assert [v.kind for v in check(history, losses=[(5, 6)])] == []
+    assert [v.kind for v in check(history, losses=[(0, 1)])] == [STALE_VALUE]
+    assert [v.kind for v in check(history, losses=[(11, 20)])] == [STALE_VALUE]
+
+
+def test_an_add_is_not_faulted_for_writes_begun_before_it_or_failed_or_read_too_early() -> None:
+    # Begun before the add: memcached may have lost it (the documented miss).
+    assert kinds([op(0, ADD, 10, 5, 10), op(1, SET, 20, 2, 6), op(1, GET, 10, 11, 12)]) == []
+    # Not acknowledged: it may never have landed.
+    assert kinds([op(0, ADD, 10, 0, 10), op(1, SET, 20, 2, 3, ok=False),
+                  op(1, GET, 10, 11, 12)]) == []  # fmt: skip
+    # Still running when the read began: either order.
+    assert kinds([op(0, ADD, 10, 0, 10), op(1, SET, 20, 2, 13), op(1, GET, 10, 11, 12)]) == []
+    # A write of a value that may never have landed (a failed one) is not an add.
+    assert kinds([op(0, SET, 10, 0, 10, ok=False), op(1, SET, 20, 2, 3),
+                  op(1, GET, 10, 11, 12)]) == []  # fmt: skip
+
+
+def test_an_add_that_took_over_an_acknowledged_value_is_a_read_of_nothing() -> None:
+    assert kinds([op(0, SET, 10, 0, 1), op(1, ADD, 20, 2, 3)]) == [STALE_NOTHING]
+    assert kinds([op(0, SET, 10, 0, 1), op(0, DELETE, None, 1, 2), op(1, ADD, 20, 2, 3)]) == []
+
+
+def test_an_invalidate_hides_nothing_explains_misses_and_empties_the_key_for_an_add() -> None:
+    # Plain reads may still return the value marked stale; a later miss is explained.
+    assert kinds([op(0, SET, 10, 0, 1), op(1, INVALIDATE, None, 2, 3),
+                  op(1, GET, 10, 4, 5), op(0, GET, None, 6, 7)]) == []  # fmt: skip
+    # get_or_set won the stale value's lease and stored (an add): fine after the invalidate...
+    history = [op(0, SET, 10, 0, 1), op(1, INVALIDATE, None, 2, 3), op(0, ADD, 20, 4, 10)]
+    assert kinds([*history, op(1, GET, 20, 11, 12)]) == []
+    # ...but not over a write that landed while it computed, after the invalidate.
+    assert kinds([*history, op(2, SET, 30, 5, 6), op(1, GET, 20, 11, 12)]) == [STALE_VALUE]
+    # An invalidate running alongside the write may have come after it.
+    assert kinds([*history[:1], op(1, INVALIDATE, None, 2, 7), history[2],
+                  op(2, SET, 30, 5, 6), op(1, GET, 20, 11, 12)]) == []  # fmt: skip
+
+
+def test_an_increment_while_an_add_ran_does_not_hide_the_adds_value() -> None:
+    # An incr of a value invalidate() marked stale leaves it stale: get_or_set then wins
+    # its lease and replaces it, after the increment.
+    assert kinds([op(0, SET, 10, 0, 1), op(1, INVALIDATE, None, 2, 3), op(0, ADD, 20, 4, 10),
+                  op(2, INCR, 11, 5, 6), op(1, GET, 20, 11, 12)]) == []  # fmt: skip

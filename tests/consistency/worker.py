@@ -21,7 +21,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from .checker import ADD, DELETE, GET, INCR, SET
+from .checker import ADD, DELETE, GET, INCR, INVALIDATE, SET
 
 #: The log's columns and their array type codes. ``kind`` indexes :data:`KINDS`, ``key``
 #: the worker's key list, ``source`` :data:`SOURCES`; ``value`` is :data:`NOTHING` for None.
@@ -34,7 +34,7 @@ COLUMNS = {
     "ok": "b",
     "source": "b",
 }
-KINDS = (GET, SET, DELETE, INCR, ADD)
+KINDS = (GET, SET, DELETE, INCR, ADD, INVALIDATE)
 #: Where an answer came from, as the worker saw it in the disk tier's counters.
 SOURCES = ("memcached", "fallback", "disk", "journaled")
 MEMCACHED, FALLBACK, DISK, JOURNALED = range(len(SOURCES))
@@ -49,14 +49,17 @@ SLOTS = 4
 WORKER_SPACING = 10**12
 WRITE_SPACING = 10**4
 #: The share of reads made with get_or_set (its lease, and the disk tier's answer under it)
-#: instead of get. One whose default ran is logged as a write of the default's value that
-#: may or may not have landed (a failed set: the lease's store can lose to another write),
-#: and, if it returned another value (Django's own get_or_set reads again), as a read too.
+#: instead of get. One whose default ran and whose lease store memcached took (the tier's
+#: ``leased_stores`` counter moved) is logged as an add that took, over the call's interval:
+#: it wrote its value where the key held none. One whose store was refused or not made (a
+#: write replaced the lease, the node was out, the wait ran out) is logged as a write that
+#: may or may not have landed (a failed set); if it returned another value (Django's own
+#: get_or_set reads again), as a read too.
 GET_OR_SET_SHARE = 0.3
 #: The share of deletes made with invalidate() instead: memcached keeps the value, marked
 #: stale, which plain reads may still return until get_or_set replaces it or it expires.
-#: Logged as a delete that may or may not have taken effect (a failed one): it explains a
-#: later miss, and makes no read of the old value stale.
+#: Logged as such: the checker counts it as a delete that may or may not have taken effect
+#: (a failed one), which explains a later miss and makes no read of the old value stale.
 INVALIDATE_SHARE = 0.3
 
 
@@ -119,10 +122,11 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
     cache.get("warm-up")  # connections and SQLite opened before the clock starts
     start.wait()
     while not stop.is_set():
-        kind = rng.choices(range(len(KINDS)), config.mix)[0]
+        kind = rng.choices(range(len(config.mix)), config.mix)[0]
         key = rng.randrange(len(keys))
         value: int | None = None
         fallbacks, disk_hits, journaled = metrics.fallbacks, metrics.disk_hits, metrics.journaled
+        leased_stores = metrics.leased_stores
         began = time.monotonic_ns()
         ok = True
         computed: int | None = None
@@ -147,7 +151,7 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
                 cache.set(keys[key], value, timeout=None)
             elif kind == 2 and rng.random() < INVALIDATE_SHARE:
                 cache.invalidate(keys[key])  # type: ignore[attr-defined]
-                ok = False  # (not an error: see INVALIDATE_SHARE)
+                kind = KINDS.index(INVALIDATE)
             elif kind == 2:
                 cache.delete(keys[key])
             elif kind == 3:
@@ -178,13 +182,15 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
             counters[slot + JOURNALED_WRITES] += 1
         counters[slot + OPS] += 1
         if computed is not None:
-            # The default's value: a write that may have landed, over the call's interval.
-            kinds.append(1)
+            # The default's value: an add that took (stored under the lease), or a write
+            # that may have landed, over the call's interval.
+            stored = ok and metrics.leased_stores != leased_stores
+            kinds.append(KINDS.index(ADD) if stored else KINDS.index(SET))
             key_column.append(key)
             values.append(computed)
             starts.append(began)
             ends.append(ended)
-            oks.append(False)
+            oks.append(stored)
             sources.append(source)
             if value == computed:
                 continue  # nothing was read
