@@ -15,10 +15,20 @@ mutexes inside every call (its allocator's among them), and a child inheriting o
 would hang on its first use of SQLite. Each thread counts its own calls in flight, so
 passing the gate takes no lock: only a fork (and a call meeting one) does.
 
+Closing a connection is a call into SQLite too, and one left to be collected is closed by
+the garbage collector (CPython's connections are in a reference cycle with their statement
+cache), in whatever thread it happens to run, with the GIL released for the close: a fork
+then could cut through it (a child hung for good in ``sqlite3.connect``, on SQLite's
+allocator mutex, held at the fork by a thread that only ran the collector). So every
+connection the disk tier opens is :func:`hold`-en here (opened with
+``check_same_thread=False``, so that any thread may close it), and closed explicitly, inside
+the gate, once its thread ended or its owner is gone: by the next connection held, or the
+next fork. A connection already closed costs SQLite nothing when it is collected.
+
 A child never closes a connection its parent opened (SQLite's own rule: closing one may
 checkpoint or remove files from under the parent). CPython frees the other threads' locals
-in a child, and with them their connections, so every connection the disk tier opens is
-:func:`hold`-en; a fork pins what is held, and the child keeps it for the rest of its life.
+in a child, and with them their connections; a fork pins what is held, and the child keeps
+it for the rest of its life.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from ..client import forksafe
 from ..logs import logger
@@ -44,36 +54,60 @@ _local = threading.local()
 pid = os.getpid()
 
 
-class _Held:
-    """The connections one thread opened, by owner (held weakly: an owner collected lets
-    its connection go)."""
-
-    __slots__ = ("__weakref__", "connections")
-
-    def __init__(self) -> None:
-        self.connections: dict[int, tuple[weakref.ref[Any], object]] = {}
+class Closable(Protocol):
+    def close(self) -> None: ...
 
 
-_threads = threading.local()
-_held: weakref.WeakSet[_Held] = weakref.WeakSet()
+#: Every connection the disk tier opened, by (owner, thread; 0 for one shared by every
+#: thread): the owner (weakly), the thread (weakly; None when shared), the connection.
+_open: dict[tuple[int, int], tuple[weakref.ref[Any], weakref.ref[Any] | None, Closable]] = {}
 #: Taken by the fork hook: every held connection, referenced across the fork.
 _at_fork: list[object] | None = None
 
 
-def hold(owner: object, connection: object) -> None:
-    """Record ``connection``, opened by this thread for ``owner`` (replacing the one it
-    opened for ``owner`` before): a child forked while ``owner`` lives never closes it."""
-    held: _Held | None = getattr(_threads, "held", None)
-    if held is None:
-        held = _threads.held = _Held()
-        _held.add(held)
-    connections = held.connections
-    key = id(owner)
+def hold(owner: object, connection: Closable, *, shared: bool = False) -> None:
+    """Record ``connection`` (opened with ``check_same_thread=False``), opened by this
+    thread for ``owner`` (``shared``: used by every thread), in place of the one held for
+    them before; call inside the gate. It is closed here, inside the gate, once ``owner``
+    is gone or the thread ended, when another connection is held or a fork comes. A child
+    forked while it is held never closes it."""
+    enter()
+    try:
+        if shared:
+            key, thread = (id(owner), 0), None
+        else:
+            key, thread = (
+                (id(owner), threading.get_ident()),
+                weakref.ref(threading.current_thread()),
+            )
+        previous = _open.get(key)
+        _open[key] = (weakref.ref(owner), thread, connection)
+        if previous is not None and previous[2] is not connection:
+            _close(previous[2])
+        _drop_unused()
+    finally:
+        leave()
 
-    def forget(_gone: object, key: int = key) -> None:
-        connections.pop(key, None)
 
-    connections[key] = (weakref.ref(owner, forget), connection)
+def _drop_unused() -> None:
+    """Close the connections whose owner is gone or whose thread ended (inside the gate)."""
+    for key, (owner, thread, connection) in list(_open.items()):
+        unused = owner() is None or (thread is not None and _ended(thread))
+        if unused and _open.pop(key, None) is not None:
+            _close(connection)
+
+
+def _close(connection: Closable) -> None:
+    # Explicitly, here: a connection left to be collected is closed by the garbage
+    # collector (CPython's are in a reference cycle with their statement cache), in
+    # whatever thread it runs, with the GIL released for the close.
+    with contextlib.suppress(Exception):  # closing it is all that is left to do
+        connection.close()
+
+
+def _ended(thread: weakref.ref[Any]) -> bool:
+    alive = thread()
+    return alive is None or not alive.is_alive()
 
 
 class _Calls:
@@ -135,6 +169,12 @@ def leave() -> None:
             _condition.notify_all()
 
 
+def held() -> bool:
+    """Whether no fork can land now: this thread is inside the gate, or is the one forking."""
+    calls: _Calls | None = getattr(_local, "calls", None)
+    return (calls is not None and calls.depth > 0) or _forking
+
+
 def _in_flight(own: _Calls | None) -> int:
     """How many other threads are inside SQLite now."""
     return sum(1 for calls in list(_calls) if calls.depth and calls is not own)
@@ -167,9 +207,11 @@ def _before_fork() -> None:
             )
             break
         _condition.wait(left)
-    # No connection opens or closes now (both are gated): what is held crosses the fork.
+    # No connection opens or closes now (both are gated): what is held crosses the fork,
+    # after the unused ones are closed (here, with no SQLite call in flight).
     global _at_fork
-    _at_fork = [list(held.connections.values()) for held in list(_held)]
+    _drop_unused()
+    _at_fork = [connection for _owner, _thread, connection in _open.values()]
 
 
 def _after_fork_in_parent() -> None:
@@ -181,7 +223,7 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _condition, _forking, _calls, _threads, _held, _at_fork, pid
+    global _condition, _forking, _calls, _open, _at_fork, pid
     # The parent's other threads are not in the child: nothing of theirs is in flight here
     # (the forking thread's own calls, if it forked from inside one, still end in leave()).
     _condition = threading.Condition(threading.Lock())
@@ -195,8 +237,7 @@ def _after_fork_in_child() -> None:
     inherited, _at_fork = _at_fork, None
     if inherited:
         forksafe.keep_forever(inherited)
-    _threads = threading.local()
-    _held = weakref.WeakSet()
+    _open = {}
 
 
 os.register_at_fork(

@@ -97,6 +97,7 @@ class Journal:
                 except sqlite3.Error as exc:
                     raise DiskError(f"cannot open the outage journal {self.path}: {exc}") from exc
             self._connection, self._pid = connection, os.getpid()
+            forkgate.hold(self, connection, shared=True)  # closed only inside the gate
             self._identity = _file_identity(self.path)
         return connection
 

@@ -36,9 +36,33 @@ class Shard(diskcache.Cache):  # type: ignore[misc]
             if getattr(local, "pid", None) != os.getpid():
                 # Opened by the parent: dropped (the fork hook keeps it), never closed.
                 local.__dict__.pop("con", None)
-            con: sqlite3.Connection = diskcache.Cache._con.fget(self)
+                local.pid = os.getpid()
+            con: sqlite3.Connection | None = getattr(local, "con", None)
+            if con is None:
+                con = local.con = self._open()
             forkgate.hold(self, con)
             return con
+
+    def _open(self) -> sqlite3.Connection:
+        """diskcache's own connection (its ``_con``), but one any thread may close: the
+        fork gate closes those of ended threads (see :mod:`.forkgate`)."""
+        con = sqlite3.connect(
+            os.path.join(self._directory, diskcache.core.DBNAME),
+            timeout=self._timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        self._local.con = con
+        # The pragmas that hold per connection, as diskcache sets them on its own.
+        try:
+            settings = con.execute("SELECT key, value FROM Settings").fetchall()
+        except sqlite3.OperationalError:
+            pass
+        else:
+            for key, value in settings:
+                if key.startswith("sqlite_"):
+                    self.reset(key, value, update=False)
+        return con
 
     # The shard's reads the disk tier makes outside the gate of its writes.
     def get(self, *args: Any, **kwargs: Any) -> Any:
@@ -66,11 +90,10 @@ class Shard(diskcache.Cache):  # type: ignore[misc]
 
 def adopt(fanout: diskcache.FanoutCache) -> tuple[Shard, ...]:
     """Make ``fanout``'s shards :class:`Shard` s (just built, in this thread, inside the
-    fork gate) and hold the connections their construction opened."""
+    fork gate). The connections their construction opened are diskcache's own, which only
+    this thread may close: closed now, and opened again as :class:`Shard` s open theirs."""
     shards: tuple[Any, ...] = tuple(fanout._shards)
     for shard in shards:
+        shard.close()  # (diskcache's close, still: the class is not switched yet)
         shard.__class__ = Shard
-        con = getattr(shard._local, "con", None)
-        if con is not None:
-            forkgate.hold(shard, con)
     return shards

@@ -8,14 +8,17 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sqlite3
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from django_fastcache.disk import DiskStore
+from django_fastcache.disk import DiskStore, forkgate
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 
@@ -180,3 +183,89 @@ def test_forks_while_threads_read_the_disk_tier_never_hang_a_child(tmp_path: Pat
             thread.join()
     assert statuses == [0] * len(statuses), f"children that hung (-1) or failed: {statuses}"
     store.close()
+
+
+# -- a connection's close is a call into SQLite too ---------------------------------------------
+
+
+def _record_closes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """From now on, each SQLite connection opened records, when its last reference goes
+    (which is what closes it), whether no fork could land meanwhile (the fork gate held)."""
+    closes: list[bool] = []
+
+    class Recorded(sqlite3.Connection):
+        def __del__(self) -> None:
+            closes.append(forkgate.held())
+
+    connect = sqlite3.connect
+
+    def recorded(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        return connect(*args, factory=Recorded, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", recorded)
+    return closes
+
+
+def _in_a_thread_that_ends(work: Callable[[], object]) -> None:
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    gc.collect()  # whatever the thread left is gone now, unless something holds it
+
+
+def test_the_connections_of_a_thread_that_ended_are_closed_only_inside_the_fork_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPython closes a connection wherever its last reference goes, with the GIL released
+    for the close: the locals of a thread that ends (a request thread of a threaded
+    server). A fork meanwhile left a child hung for good on SQLite's allocator mutex."""
+    closes = _record_closes(monkeypatch)
+    store = DiskStore(str(tmp_path / "disk"))
+    store.set(b"k", b"v", 0, None)
+    settled = len(closes)  # (diskcache's own set-up opens and closes some: in the gate)
+    _in_a_thread_that_ends(lambda: store.get(b"k"))  # the thread's own connection
+    assert all(closes), "closed where a fork could land"
+    assert len(closes) == settled
+    # Closed by the next connection held (another thread's first read).
+    _in_a_thread_that_ends(lambda: store.get(b"k"))
+    assert all(closes)
+    assert len(closes) == settled + 1
+    # Or by the next fork, before it forks.
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os._exit(0 if store.get(b"k") is not None else 2)
+    assert _wait(pid) == 0
+    assert all(closes)
+    assert len(closes) == settled + 2
+    store.close()
+
+
+def test_a_collected_disk_tier_has_its_connections_closed_only_inside_the_fork_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed tier's shards collected wherever the garbage collector runs (in any
+    thread, while another forks) take their threads' connections with them."""
+    closes = _record_closes(monkeypatch)
+    stores = [DiskStore(str(tmp_path / "disk"))]  # (the thread keeps no reference)
+    stores[0].set(b"k", b"v", 0, None)
+    opened, stop = threading.Event(), threading.Event()
+
+    def read_and_stay() -> None:
+        stores[0].get(b"k")
+        opened.set()
+        stop.wait()
+
+    thread = threading.Thread(target=read_and_stay)
+    thread.start()
+    try:
+        assert opened.wait(10)
+        stores.pop().close()  # this thread's connections: closed (inside the gate)
+        gc.collect()
+        assert all(closes), "closed where a fork could land"
+        closed = len(closes)
+        DiskStore(str(tmp_path / "other")).set(b"k", b"v", 0, None)  # opens, holds: drops
+        assert len(closes) > closed
+        assert all(closes)
+    finally:
+        stop.set()
+        thread.join()
