@@ -379,6 +379,52 @@ def test_a_write_landing_after_one_stamped_later_leaves_the_key_missing_on_disk(
     assert log.stale_reads() == []
 
 
+@pytest.mark.parametrize("outer", ["set", "set_many", "delete", "delete_many", "incr"])
+def test_an_async_write_landing_after_a_set_stamped_later_leaves_the_key_missing_on_disk(
+    server: MemcachedServer, directory: str, outer: str
+) -> None:
+    # The async paths of the tier, each held between its stamp and its request while a set
+    # of another process stamps, lands and queues its copy: the outer call lands last in
+    # memcached, and the set's copy must not answer once memcached loses the key.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "k", 1)
+    store = tier(cache)
+    wire = cache.wire_key("k")
+    data, flags = cache._serializer.dumps(2)
+    method = {"incr": "meta_arithmetic"}.get(outer, outer)
+    client = _Between(store.blocking, method, lambda: log.set(other, 1, "k", 3))
+    start = time.monotonic_ns()
+    last: int | None = None
+    if outer == "set":
+        assert run_blocking(store.set(client, wire, data, flags, None))
+        last = 2
+    elif outer == "set_many":
+        assert run_blocking(store.set_many(client, [(wire, data, flags)], None)) == []
+        last = 2
+    elif outer in ("delete", "delete_many"):
+        if outer == "delete":
+            run_blocking(store.delete(client, wire))
+        else:
+            run_blocking(store.delete_many(client, [wire]))
+        log.record(Op(0, DELETE, "k", None, start, time.monotonic_ns(), True))
+    else:
+        assert run_blocking(store.incr(client, wire, 1)) == 4  # the set's 3, then + 1
+        last = 4
+    if last is not None:
+        log.record(Op(0, SET, "k", last, start, time.monotonic_ns(), True))
+    assert store.flush()
+    assert tier(other).flush()
+    assert [log.get(each, process, "k") for process, each in ((0, cache), (1, other))] == [
+        last,
+        last,
+    ]
+    server.flush()  # the disk answers now
+    seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
+    assert seen == [None, None]
+    assert log.stale_reads() == []
+
+
 # -- an add racing a refill -------------------------------------------------------------------
 
 
