@@ -338,7 +338,10 @@ def test_a_set_stamped_before_a_lease_store_but_landing_after_it_wins_on_disk_to
 # -- two writes of a key in flight at once ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("outer", "inner"), [("set", "set"), ("set", "delete"), ("delete", "set")])
+@pytest.mark.parametrize(
+    ("outer", "inner"),
+    [("set", "set"), ("set", "delete"), ("set", "add"), ("delete", "set"), ("delete", "add")],
+)
 def test_a_write_landing_after_one_stamped_later_leaves_the_key_missing_on_disk(
     server: MemcachedServer, directory: str, outer: str, inner: str
 ) -> None:
@@ -349,13 +352,18 @@ def test_a_write_landing_after_one_stamped_later_leaves_the_key_missing_on_disk(
     # gone.
     log = Log()
     cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
-    log.set(cache, 0, "k", 1)
+    if inner != "add":
+        log.set(cache, 0, "k", 1)
 
     def inner_meanwhile() -> None:
         if inner == "set":
             log.set(cache, 0, "k", 3)
-        else:
+        elif inner == "delete":
             log.delete(cache, 0, "k")
+        else:  # the key is missing: the add takes (its lease, then its store)
+            start = time.monotonic_ns()
+            assert cache.add("k", 3, timeout=None)
+            log.record(Op(0, ADD, "k", 3, start, time.monotonic_ns(), True))
 
     store = tier(other)
     blocking = store.blocking
