@@ -275,7 +275,29 @@ class TieredStore:
         """The disk copy of a write acknowledged by memcached, for the writer behind."""
         if ttl is not None and ttl <= 0:
             data = None  # expired at once: the disk copy is a delete
-        self.behind.put(key, stamp, data, flags, None if ttl is None else now + ttl, now)
+        self._behind(key, stamp, data, flags, None if ttl is None else now + ttl, now)
+
+    def _behind(
+        self,
+        key: bytes,
+        stamp: int,
+        data: bytes | None,
+        flags: int,
+        expire_at: float | None,
+        written_at: float,
+    ) -> None:
+        """Queue the disk copy (``data`` None: a delete) of a write or delete memcached
+        answered, stamped ``stamp`` before it was sent.
+
+        When the slot's stamp is no longer ``stamp``, another write or delete of the slot
+        was stamped while this one was in flight, and memcached may have taken the two in
+        either order: the slot is stamped gone instead, so that its disk entries miss (a
+        copy queued under an older stamp is skipped by the writer). Of two such racers, the
+        one checking second sees the other's stamp."""
+        if self.stamps.current(key) != stamp:
+            self.stamps.bump(key, gone=True)
+            return
+        self.behind.put(key, stamp, data, flags, expire_at, written_at)
 
     def _write_now(
         self,
@@ -766,7 +788,7 @@ class TieredStore:
         exptime = memcached_exptime(ttl, now)
         if ttl is not None and ttl <= 0:
             touched = await client.touch(key, exptime)
-            self.behind.put(key, stamp, None, 0, None, now)
+            self._behind(key, stamp, None, 0, None, now)
             return touched or self._on_disk(key, prev) is not None
         try:
             # Touched and read in one step, for the disk copy's new expiry.
@@ -775,7 +797,7 @@ class TieredStore:
             )
         except MetaUnsupportedError:
             touched = await client.touch(key, exptime)
-            self.behind.put(key, stamp, None, 0, None, now)  # no copy: the key misses on disk
+            self._behind(key, stamp, None, 0, None, now)  # no copy: the key misses on disk
             return touched
         if held is not None and held.stale:
             # Marked stale by invalidate(): touched, and no disk copy (the value is on its
@@ -792,7 +814,7 @@ class TieredStore:
         # memcached lost it, the disk has it: back into memcached with the new expiry.
         expire_at = None if ttl is None else now + ttl
         touched_entry = DiskEntry(entry.data, entry.flags, entry.written_at, expire_at, stamp)
-        self.behind.put(key, stamp, entry.data, entry.flags, expire_at, entry.written_at)
+        self._behind(key, stamp, entry.data, entry.flags, expire_at, entry.written_at)
         with contextlib.suppress(FastCacheError):
             await self._refill(client, key, touched_entry)
         return True
@@ -823,7 +845,7 @@ class TieredStore:
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 else:
-                    self.behind.put(key, stamp, None, 0, None, time.time())
+                    self._behind(key, stamp, None, 0, None, time.time())
                     # Not in memcached: it existed if get would have found it on disk.
                     return deleted or self._on_disk(key, prev) is not None
             done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
@@ -844,7 +866,7 @@ class TieredStore:
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 else:
-                    self.behind.put(key, stamp, None, 0, None, time.time())
+                    self._behind(key, stamp, None, 0, None, time.time())
                     return deleted or self._on_disk(key, prev) is not None
             done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
             if done:
@@ -867,12 +889,12 @@ class TieredStore:
                 try:
                     reply = await client.meta_delete(key, invalidate=True, exptime=exptime)
                 except MetaUnsupportedError:
-                    self.behind.put(key, stamp, None, 0, None, time.time())
+                    self._behind(key, stamp, None, 0, None, time.time())
                     raise
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 else:
-                    self.behind.put(key, stamp, None, 0, None, time.time())
+                    self._behind(key, stamp, None, 0, None, time.time())
                     return reply.status is MetaStatus.HD or self._on_disk(key, prev) is not None
             done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
             if done:
@@ -897,7 +919,7 @@ class TieredStore:
             else:
                 now = time.time()
                 for key, stamp in zip(up, stamps):
-                    self.behind.put(key, stamp, None, 0, None, now)
+                    self._behind(key, stamp, None, 0, None, now)
         for key in settle:
             await self.delete(client, key)
 
@@ -931,7 +953,7 @@ class TieredStore:
                 count = await client.meta_arithmetic(key, abs(delta), decrement=delta < 0)
             except MetaUnsupportedError:
                 value = await (client.decr(key, -delta) if delta < 0 else client.incr(key, delta))
-                self.behind.put(key, stamp, None, 0, None, now)  # no copy: misses on disk
+                self._behind(key, stamp, None, 0, None, now)  # no copy: misses on disk
                 return value
             except CommandError:
                 held = await client.get(key)

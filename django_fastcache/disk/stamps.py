@@ -20,6 +20,9 @@ Properties the tier relies on:
   costs no disk read.
 * Keys sharing a slot hide each other's older entries: a collision costs a miss, never an
   old value.
+* memcached orders a slot's writes by arrival, the stamps by when they were taken: a write
+  or delete that finds, after memcached's reply, its slot stamped by another meanwhile
+  stamps it gone rather than queueing its copy (the tier's ``_behind``).
 * The table outlives processes (it is a file): a process killed with writes still queued
   leaves their stamps behind, so the older entries of those keys stay hidden (misses).
 * A host restart may leave the file older than the values (its pages and SQLite's are

@@ -304,17 +304,14 @@ def test_an_add_landing_while_get_or_set_computes_wins(
     assert seen == [2] * 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known window (docs/disk-tier.md): the stamps' order, not memcached's, picks the copy",
-)
 def test_a_set_stamped_before_a_lease_store_but_landing_after_it_wins_on_disk_too(
     server: MemcachedServer, directory: str
 ) -> None:
     # Found by the soak: the set stamps the key, then get_or_set (another process) wins
     # the lease, stamps, and stores; then the set lands in memcached, over it. The set is
     # the key's last write (the lease store took, so it came first), and memcached holds
-    # it; once memcached loses it, the disk must not answer the lease store's value.
+    # it; once memcached loses it, the disk must not answer the lease store's value (the
+    # set, seeing the slot stamped since, stamps it gone: a miss).
     log = Log()
     cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
 
@@ -334,7 +331,106 @@ def test_a_set_stamped_before_a_lease_store_but_landing_after_it_wins_on_disk_to
     seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
     server.flush()  # the disk answers now
     seen += [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
-    assert seen == [2] * 4
+    assert seen[:2] == [2, 2]
+    assert seen[2:] == [None, None]  # the lease store's copy is hidden, not answered
+
+
+# -- two writes of a key in flight at once ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("outer", "inner"),
+    [("set", "set"), ("set", "delete"), ("set", "add"), ("delete", "set"), ("delete", "add")],
+)
+def test_a_write_landing_after_one_stamped_later_leaves_the_key_missing_on_disk(
+    server: MemcachedServer, directory: str, outer: str, inner: str
+) -> None:
+    # The outer write stamps the key, then (its request held) the inner one, of another
+    # process, stamps, lands, and queues its disk copy; then the outer one lands in
+    # memcached, last. The disk must not answer the inner write's value (nor, for an
+    # outer delete, anything): the outer write sees the slot stamped since and stamps it
+    # gone.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    if inner != "add":
+        log.set(cache, 0, "k", 1)
+
+    def inner_meanwhile() -> None:
+        if inner == "set":
+            log.set(cache, 0, "k", 3)
+        elif inner == "delete":
+            log.delete(cache, 0, "k")
+        else:  # the key is missing: the add takes (its lease, then its store)
+            start = time.monotonic_ns()
+            assert cache.add("k", 3, timeout=None)
+            log.record(Op(0, ADD, "k", 3, start, time.monotonic_ns(), True))
+
+    store = tier(other)
+    blocking = store.blocking
+    method = "store_now" if outer == "set" else "delete_now"
+    store.blocking = _Between(blocking, method, inner_meanwhile)  # type: ignore[assignment]
+    try:
+        if outer == "set":
+            log.set(other, 1, "k", 2)
+        else:
+            log.delete(other, 1, "k")
+    finally:
+        store.blocking = blocking
+    assert tier(cache).flush()
+    assert store.flush()
+    last = 2 if outer == "set" else None
+    seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
+    assert seen == [last, last]  # memcached's order: the outer write landed last
+    server.flush()  # the disk answers now
+    seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
+    assert seen == [None, None]
+    assert log.stale_reads() == []
+
+
+@pytest.mark.parametrize("outer", ["set", "set_many", "delete", "delete_many", "incr"])
+def test_an_async_write_landing_after_a_set_stamped_later_leaves_the_key_missing_on_disk(
+    server: MemcachedServer, directory: str, outer: str
+) -> None:
+    # The async paths of the tier, each held between its stamp and its request while a set
+    # of another process stamps, lands and queues its copy: the outer call lands last in
+    # memcached, and the set's copy must not answer once memcached loses the key.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "k", 1)
+    store = tier(cache)
+    wire = cache.wire_key("k")
+    data, flags = cache._serializer.dumps(2)
+    method = {"incr": "meta_arithmetic"}.get(outer, outer)
+    client = _Between(store.blocking, method, lambda: log.set(other, 1, "k", 3))
+    start = time.monotonic_ns()
+    last: int | None = None
+    if outer == "set":
+        assert run_blocking(store.set(client, wire, data, flags, None))
+        last = 2
+    elif outer == "set_many":
+        assert run_blocking(store.set_many(client, [(wire, data, flags)], None)) == []
+        last = 2
+    elif outer in ("delete", "delete_many"):
+        if outer == "delete":
+            run_blocking(store.delete(client, wire))
+        else:
+            run_blocking(store.delete_many(client, [wire]))
+        log.record(Op(0, DELETE, "k", None, start, time.monotonic_ns(), True))
+    else:
+        assert run_blocking(store.incr(client, wire, 1)) == 4  # the set's 3, then + 1
+        last = 4
+    if last is not None:
+        log.record(Op(0, SET, "k", last, start, time.monotonic_ns(), True))
+    assert store.flush()
+    assert tier(other).flush()
+    assert [log.get(each, process, "k") for process, each in ((0, cache), (1, other))] == [
+        last,
+        last,
+    ]
+    server.flush()  # the disk answers now
+    seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
+    assert seen == [None, None]
+    assert log.stale_reads() == []
 
 
 # -- an add racing a refill -------------------------------------------------------------------
