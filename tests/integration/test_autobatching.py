@@ -410,31 +410,71 @@ def test_autobatching_must_be_a_bool() -> None:
         Client(["127.0.0.1:11211"], autobatching="yes")  # type: ignore[arg-type]
 
 
+async def cancel_a_batch_nobody_answers(fake: FakeMemcached) -> tuple[dict[str, int], Any]:
+    """Three callers of a batch the server never answers are cancelled; then one more get.
+    Returns the pool's metrics after the cancellations and that get's item."""
+    # The batch's reply never comes: only the cancellation ends the wait.
+    fake.script(Action.REPLY, Action.IGNORE)
+    client = Client([fake.location], timeout=5.0, max_connections=1)
+    try:
+        await client.set(b"warm", b"up")  # the connection is open and idle
+        tasks = [asyncio.ensure_future(client.get(k)) for k in (b"k1", b"k2", b"k1")]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # on the wire
+        # Each connection has a server thread of its own, and a scripted action goes to
+        # the request a thread reads first: until the batch's thread has taken IGNORE,
+        # the next get (on a new connection) may take it instead and never be answered.
+        # The wait blocks the loop on purpose: the callers are cancelled at this turn.
+        assert fake.wait_for(lambda: fake.scripted == 0)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        metrics = client.pool_metrics()[fake.location]
+        # The only slot is free again at once: the next get opens a new connection.
+        return metrics, await client.get(b"k2")
+    finally:
+        await client.aclose()
+
+
 def test_a_batch_whose_callers_are_all_cancelled_frees_its_connection(
     fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
 ) -> None:
-    # The batch's reply never comes: only the cancellation ends the wait.
-    fake.script(Action.REPLY, Action.IGNORE)
-
-    async def scenario() -> tuple[dict[str, int], Any]:
-        client = Client([fake.location], timeout=5.0, max_connections=1)
-        try:
-            await client.set(b"warm", b"up")  # the connection is open and idle
-            tasks = [asyncio.ensure_future(client.get(k)) for k in (b"k1", b"k2", b"k1")]
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)  # on the wire
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            metrics = client.pool_metrics()[fake.location]
-            # The only slot is free again at once: the next get opens a new connection.
-            return metrics, await client.get(b"k2")
-        finally:
-            await client.aclose()
-
-    metrics, after = run(scenario())
+    metrics, after = run(cancel_a_batch_nobody_answers(fake))
     assert (metrics["open"], metrics["closed"]) == (0, 1)
     assert after == Item(b"k2", b"value-2", 0, None)
+
+
+class LateFirstConnection(FakeMemcached):
+    """Its first connection's thread reads a get only once a request of the second
+    connection has been handled (or after ``late`` seconds): the order a loaded machine
+    may run the threads in."""
+
+    late = 1.0
+
+    def _handle(self, peer: Any, request: Any) -> bool:
+        if peer.number == 1 and request.line.startswith(b"get"):
+            self.wait_for(lambda: self.second_handled, self.late)
+        try:
+            return super()._handle(peer, request)
+        finally:
+            if peer.number == 2:
+                self.second_handled = True
+
+    second_handled = False
+
+
+def test_the_cancelled_batch_scenario_holds_when_the_batch_is_read_late(
+    run: Callable[[Awaitable[Any]], Any],
+) -> None:
+    # Without the wait for the script, the next get took IGNORE and timed out.
+    with LateFirstConnection(values=VALUES) as fake:
+        metrics, after = run(cancel_a_batch_nobody_answers(fake))
+        assert (metrics["open"], metrics["closed"]) == (0, 1)
+        assert after == Item(b"k2", b"value-2", 0, None)
+        assert [(r.connection, r.line) for r in fake.requests][1:] == [
+            (1, b"get k1 k2"),
+            (2, b"get k2"),
+        ]
 
 
 # -- one batch in flight per node: later gets wait for its reply, then go together --------
