@@ -444,6 +444,46 @@ def test_a_batch_whose_callers_are_all_cancelled_frees_its_connection(
     assert after == Item(b"k2", b"value-2", 0, None)
 
 
+def test_a_batch_abandoned_while_waiting_for_a_connection_holds_no_later_get(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    # The only connection is held by a set the server never answers, so the batch waits
+    # for the pool; its callers are cancelled there. The next get must go at once (and
+    # wait for the pool itself), not be held until the abandoned batch gets a connection.
+    fake.script(Action.IGNORE)
+
+    async def waits_after(client: Client, turns: int, waits: int) -> int:
+        """The pool's waits once it reaches ``waits``, or after ``turns`` loop turns."""
+        for _ in range(turns):
+            if client.pool_metrics().get(fake.location, {}).get("waits", 0) >= waits:
+                break
+            await asyncio.sleep(0)
+        return client.pool_metrics()[fake.location]["waits"]
+
+    async def scenario() -> tuple[int, int, Any, Any]:
+        client = Client([fake.location], timeout=TIMEOUT, max_connections=1)
+        try:
+            hung = asyncio.ensure_future(client.set(b"x", b"y"))
+            tasks = [asyncio.ensure_future(client.get(k)) for k in (b"k1", b"k2")]
+            waiting = await waits_after(client, 20, 1)  # the batch waits for the pool
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            later = asyncio.ensure_future(client.get(b"k3"))
+            # A few turns are enough for its flush to reach the pool.
+            waiting_too = await waits_after(client, 20, 2)
+            later.cancel()
+            results = await asyncio.gather(hung, later, return_exceptions=True)
+            return waiting, waiting_too, *results
+        finally:
+            await client.aclose()
+
+    waiting, waiting_too, hung, later = run(scenario())
+    assert (waiting, waiting_too) == (1, 2)
+    assert isinstance(hung, OperationTimeoutError)
+    assert isinstance(later, asyncio.CancelledError)
+
+
 class LateFirstConnection(FakeMemcached):
     """Its first connection's thread reads a get only once a request of the second
     connection has been handled (or after ``late`` seconds): the order a loaded machine
