@@ -25,7 +25,9 @@ What each caller sees is what a lone ``get`` would give it:
 - a cancelled caller just stops waiting: the reply is still read in full and handed to the
   others, so the connection stays in step and is reused. Once every caller of a batch in
   flight is cancelled, nobody needs its reply: the connection is discarded, as a lone
-  request's would be, and its pool slot freed at once.
+  request's would be, and its pool slot freed at once (a batch still waiting for a
+  connection stops waiting). It stops counting in flight then, so the next get is not
+  held behind it.
 """
 
 from __future__ import annotations
@@ -95,11 +97,12 @@ class GetBatcher:
         if batch.abandoned():
             return  # every caller was cancelled before anything was sent
         self._in_flight += 1
+        batch.counted = True
         connection = self._pool.try_acquire()
         if connection is not None:
             batch.send(connection, self._verb)
             return
-        task = self._loop.create_task(self._acquire_and_send(batch))
+        task = batch.acquiring = self._loop.create_task(self._acquire_and_send(batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -111,23 +114,27 @@ class GetBatcher:
         except asyncio.CancelledError:
             for future in batch.futures:
                 future.cancel()
-            self.finished()
+            self.finished(batch)
             raise
         except Exception as exc:
             pool.failed(_RETRIEVAL, exc)
             _fail(batch.futures, exc)
-            self.finished()
+            self.finished(batch)
             return
+        batch.acquiring = None
         if batch.abandoned():
             pool.release(connection)
-            self.finished()
+            self.finished(batch)
             return
         batch.send(connection, self._verb)
 
-    def finished(self) -> None:
-        """A batch in flight is answered (or failed): a held batch may go. It goes in a
-        later callback, after the wake-ups of the callers just answered, so that the gets
-        they make next join it."""
+    def finished(self, batch: Batch) -> None:
+        """``batch``, in flight, is answered (or failed, or abandoned): a held batch may
+        go. It goes in a later callback, after the wake-ups of the callers just answered,
+        so that the gets they make next join it. A batch counts once, however it ends."""
+        if not batch.counted:
+            return
+        batch.counted = False
         self._in_flight -= 1
         if self._held:
             self._held = False
@@ -147,6 +154,8 @@ class Batch:
         "_errors",
         "_found",
         "_pool",
+        "acquiring",
+        "counted",
         "deadline",
         "futures",
         "keys",
@@ -160,6 +169,10 @@ class Batch:
         self.keys: list[bytes] = []
         self.futures: list[asyncio.Future[Item | None]] = []
         self._cancelled = 0
+        #: Whether the batcher counts it in flight (from its flush until it ends).
+        self.counted = False
+        #: The task getting it a connection, while there is one.
+        self.acquiring: asyncio.Task[None] | None = None
         self._connection: Connection | None = None
         self._chunks: list[Sequence[bytes] | None] = []  # the lines not answered yet
         self._found: dict[bytes, Item] = {}
@@ -170,12 +183,23 @@ class Batch:
 
     def cancelled(self) -> None:
         """One caller was cancelled. When it was the last one waiting for a batch in
-        flight, the reply is not worth waiting for: drop the connection."""
+        flight, the reply is not worth waiting for: drop the connection, or stop waiting
+        for one. Either way the batch stops counting in flight now, so that a get made
+        next is not held behind it."""
         self._cancelled += 1
+        if self._cancelled < len(self.futures) or not self.abandoned():
+            return
         connection = self._connection
-        if connection is not None and self._cancelled >= len(self.futures) and self.abandoned():
+        if connection is not None:
             # Aborting fails the lines still pending, which releases the connection.
             connection.abort(ConnectionLostError("request cancelled"))
+            return
+        acquiring = self.acquiring
+        if acquiring is not None:
+            self.acquiring = None
+            self._batcher.finished(self)
+            # The pool gives back a connection or slot the task was about to receive.
+            acquiring.cancel()
 
     def send(self, connection: Connection, verb: bytes) -> None:
         keys = self.keys
@@ -194,7 +218,7 @@ class Batch:
         except FastCacheError as exc:
             self._pool.release(connection)  # closed already: the pool lets it go
             _fail(self.futures, exc)
-            self._batcher.finished()
+            self._batcher.finished(self)
             return
         self._connection = connection
 
@@ -224,7 +248,7 @@ class Batch:
                         for item, future in zip(reply, futures):
                             if not future.done():
                                 future.set_result(item)
-                self._batcher.finished()
+                self._batcher.finished(self)
                 return
         found = self._found
         for item in reply:
@@ -258,7 +282,7 @@ class Batch:
         if not (self._cancelled and self.abandoned()):
             # else nobody waits: no outcome to count either (as for a cancelled request)
             self._resolve()
-        self._batcher.finished()
+        self._batcher.finished(self)
 
     def _resolve(self) -> None:
         pool = self._pool

@@ -140,6 +140,15 @@ class FakeMemcached(LoopbackServer):
         return sum(peer.send(data) for peer in peers)
 
     @property
+    def scripted(self) -> int:
+        """Actions queued by :meth:`script` that no request has taken yet. Requests on
+        different connections take them in the order the server threads read them, so a
+        test that scripts one connection's request and then opens another waits for this
+        to drop before sending there."""
+        with self._lock:
+            return len(self._script)
+
+    @property
     def requests(self) -> list[Request]:
         with self._lock:
             return list(self._requests)

@@ -410,31 +410,111 @@ def test_autobatching_must_be_a_bool() -> None:
         Client(["127.0.0.1:11211"], autobatching="yes")  # type: ignore[arg-type]
 
 
+async def cancel_a_batch_nobody_answers(fake: FakeMemcached) -> tuple[dict[str, int], Any]:
+    """Three callers of a batch the server never answers are cancelled; then one more get.
+    Returns the pool's metrics after the cancellations and that get's item."""
+    # The batch's reply never comes: only the cancellation ends the wait.
+    fake.script(Action.REPLY, Action.IGNORE)
+    client = Client([fake.location], timeout=5.0, max_connections=1)
+    try:
+        await client.set(b"warm", b"up")  # the connection is open and idle
+        tasks = [asyncio.ensure_future(client.get(k)) for k in (b"k1", b"k2", b"k1")]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # on the wire
+        # Each connection has a server thread of its own, and a scripted action goes to
+        # the request a thread reads first: until the batch's thread has taken IGNORE,
+        # the next get (on a new connection) may take it instead and never be answered.
+        # The wait blocks the loop on purpose: the callers are cancelled at this turn.
+        assert fake.wait_for(lambda: fake.scripted == 0)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        metrics = client.pool_metrics()[fake.location]
+        # The only slot is free again at once: the next get opens a new connection.
+        return metrics, await client.get(b"k2")
+    finally:
+        await client.aclose()
+
+
 def test_a_batch_whose_callers_are_all_cancelled_frees_its_connection(
     fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
 ) -> None:
-    # The batch's reply never comes: only the cancellation ends the wait.
-    fake.script(Action.REPLY, Action.IGNORE)
+    metrics, after = run(cancel_a_batch_nobody_answers(fake))
+    assert (metrics["open"], metrics["closed"]) == (0, 1)
+    assert after == Item(b"k2", b"value-2", 0, None)
 
-    async def scenario() -> tuple[dict[str, int], Any]:
-        client = Client([fake.location], timeout=5.0, max_connections=1)
-        try:
-            await client.set(b"warm", b"up")  # the connection is open and idle
-            tasks = [asyncio.ensure_future(client.get(k)) for k in (b"k1", b"k2", b"k1")]
+
+def test_a_batch_abandoned_while_waiting_for_a_connection_holds_no_later_get(
+    fake: FakeMemcached, run: Callable[[Awaitable[Any]], Any]
+) -> None:
+    # The only connection is held by a set the server never answers, so the batch waits
+    # for the pool; its callers are cancelled there. The next get must go at once (and
+    # wait for the pool itself), not be held until the abandoned batch gets a connection.
+    fake.script(Action.IGNORE)
+
+    async def waits_after(client: Client, turns: int, waits: int) -> int:
+        """The pool's waits once it reaches ``waits``, or after ``turns`` loop turns."""
+        for _ in range(turns):
+            if client.pool_metrics().get(fake.location, {}).get("waits", 0) >= waits:
+                break
             await asyncio.sleep(0)
-            await asyncio.sleep(0)  # on the wire
+        return client.pool_metrics()[fake.location]["waits"]
+
+    async def scenario() -> tuple[int, int, Any, Any]:
+        client = Client([fake.location], timeout=TIMEOUT, max_connections=1)
+        try:
+            hung = asyncio.ensure_future(client.set(b"x", b"y"))
+            tasks = [asyncio.ensure_future(client.get(k)) for k in (b"k1", b"k2")]
+            waiting = await waits_after(client, 20, 1)  # the batch waits for the pool
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            metrics = client.pool_metrics()[fake.location]
-            # The only slot is free again at once: the next get opens a new connection.
-            return metrics, await client.get(b"k2")
+            later = asyncio.ensure_future(client.get(b"k3"))
+            # A few turns are enough for its flush to reach the pool.
+            waiting_too = await waits_after(client, 20, 2)
+            later.cancel()
+            results = await asyncio.gather(hung, later, return_exceptions=True)
+            return waiting, waiting_too, *results
         finally:
             await client.aclose()
 
-    metrics, after = run(scenario())
-    assert (metrics["open"], metrics["closed"]) == (0, 1)
-    assert after == Item(b"k2", b"value-2", 0, None)
+    waiting, waiting_too, hung, later = run(scenario())
+    assert (waiting, waiting_too) == (1, 2)
+    assert isinstance(hung, OperationTimeoutError)
+    assert isinstance(later, asyncio.CancelledError)
+
+
+class LateFirstConnection(FakeMemcached):
+    """Its first connection's thread reads a get only once a request of the second
+    connection has been handled (or after ``late`` seconds): the order a loaded machine
+    may run the threads in."""
+
+    late = 1.0
+
+    def _handle(self, peer: Any, request: Any) -> bool:
+        if peer.number == 1 and request.line.startswith(b"get"):
+            self.wait_for(lambda: self.second_handled, self.late)
+        try:
+            return super()._handle(peer, request)
+        finally:
+            if peer.number == 2:
+                self.second_handled = True
+
+    second_handled = False
+
+
+def test_the_cancelled_batch_scenario_holds_when_the_batch_is_read_late(
+    run: Callable[[Awaitable[Any]], Any],
+) -> None:
+    # Without the wait for the script, the next get took IGNORE and timed out.
+    with LateFirstConnection(values=VALUES) as fake:
+        metrics, after = run(cancel_a_batch_nobody_answers(fake))
+        assert (metrics["open"], metrics["closed"]) == (0, 1)
+        assert after == Item(b"k2", b"value-2", 0, None)
+        assert [(r.connection, r.line) for r in fake.requests][1:] == [
+            (1, b"get k1 k2"),
+            (2, b"get k2"),
+        ]
 
 
 # -- one batch in flight per node: later gets wait for its reply, then go together --------
