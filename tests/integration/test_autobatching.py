@@ -295,11 +295,18 @@ def test_waiting_for_a_busy_pool_is_bounded_by_the_timeout(
     fake.script(Action.IGNORE)
 
     async def scenario() -> list[Any]:
-        client = Client([fake.location], timeout=TIMEOUT, max_connections=1)
+        # The set's own deadline comes a whole TIMEOUT after the gets': with equal timeouts
+        # the set timed out just before them, and the slot it freed could let the batch
+        # connect and be answered in time. Its timer now fires after theirs, however late
+        # the loop runs.
+        client = Client([fake.location], timeout=2 * TIMEOUT, max_connections=1)
         try:
             hung = asyncio.ensure_future(client.set(b"x", b"y"))
-            await asyncio.sleep(0)  # the set takes the connection
+            await asyncio.sleep(0)  # the set takes the connection, with its deadline
+            client.timeout = TIMEOUT  # the gets' deadlines
             results = await gather_gets(client, [b"k1", b"k2"])
+            # The set still held the only slot when the gets failed.
+            assert not hung.done()
             results.append(await asyncio.gather(hung, return_exceptions=True))
             return results
         finally:

@@ -100,6 +100,14 @@ def test_pipelining_decides_whether_concurrent_asets_share_a_connection(
         first = asyncio.ensure_future(cache.aset("one", b"1"))
         await asyncio.sleep(0)
         await asyncio.sleep(0)  # the first set is on the wire
+        # A scripted action goes to the request a server thread reads first: without
+        # pipelining the next sets go on connections of their own, and one of them could
+        # take SLOW if the first connection's thread ran late.
+        for _ in range(1000):
+            if fake.scripted == 0:
+                break
+            await asyncio.sleep(0.005)
+        assert fake.scripted == 0
         await asyncio.gather(first, cache.aset("two", b"2"), cache.aset("three", b"3"))
 
     run(loop, cache, work)

@@ -224,6 +224,9 @@ def test_hung_server_times_out_and_its_late_reply_is_never_delivered(
         with pytest.raises(OperationTimeoutError):
             await c.get(b"a")
         elapsed = time.monotonic() - started
+        # A scripted action goes to the request a server thread reads first: "b", on a
+        # new connection, must not take HOLD if the first connection's thread ran late.
+        assert fake.wait_for(lambda: fake.scripted == 0)
         assert await c.get(b"b") == item(b"b")
         assert await c.get(b"c") == item(b"c")
         return elapsed
@@ -267,6 +270,8 @@ def test_slow_reply_past_the_timeout_is_dropped(run: Runner) -> None:
         async def scenario(c: CommandSet) -> None:
             with pytest.raises(OperationTimeoutError):
                 await c.get(b"a")
+            # "b" goes on a new connection: only once "a" has taken SLOW may it be sent.
+            assert slow.wait_for(lambda: slow.scripted == 0)
             assert await c.get(b"b") == item(b"b")
 
         run([slow.location], scenario, timeout=0.3)
@@ -397,7 +402,8 @@ def test_cancelled_pipeline_discards_its_connection(fake: FakeMemcached) -> None
         client = Client([fake.location], timeout=5.0)
         try:
             task = asyncio.create_task(client.get_many([b"a", b"b"]))
-            await eventually(lambda: len(fake.requests) == 1)
+            # Taken, not only read: the next request, on a new connection, must not get HOLD.
+            await eventually(lambda: len(fake.requests) == 1 and fake.scripted == 0)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
