@@ -25,10 +25,10 @@ connection the disk tier opens is :func:`hold`-en here (opened with
 the gate, once its thread ended or its owner is gone: by the next connection held, or the
 next fork. A connection already closed costs SQLite nothing when it is collected.
 
-A child never closes a connection its parent opened (SQLite's own rule: closing one may
-checkpoint or remove files from under the parent). CPython frees the other threads' locals
-in a child, and with them their connections; a fork pins what is held, and the child keeps
-it for the rest of its life.
+A child closes every connection its parent opened, at once, before it opens its own (see
+``_after_fork_in_child``): one kept open across the fork leaves SQLite's record of the file's
+locks in the child claiming locks the child does not hold, and the child's own connections
+then write without them (a shard was corrupted that way).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from ..client import forksafe
 from ..logs import logger
 
 #: Seconds a fork waits, at most, for the disk writes in flight to end.
@@ -62,7 +61,7 @@ class Closable(Protocol):
 #: thread): the owner (weakly), the thread (weakly; None when shared), the connection.
 _open: dict[tuple[int, int], tuple[weakref.ref[Any], weakref.ref[Any] | None, Closable]] = {}
 #: Taken by the fork hook: every held connection, referenced across the fork.
-_at_fork: list[object] | None = None
+_at_fork: list[Closable] | None = None
 
 
 def hold(owner: object, connection: Closable, *, shared: bool = False) -> None:
@@ -233,10 +232,16 @@ def _after_fork_in_child() -> None:
     if own is not None:
         _calls.add(own)
     pid = os.getpid()
-    # The parent's connections: referenced for ever, never closed (nor collected at exit).
+    # The parent's connections are closed here, before the child can open its own: kept
+    # open, their records in SQLite's table of this process's files would say locks are
+    # held that the child does not hold (fcntl locks do not cross a fork), a connection the
+    # child opens would then take no real lock, and the parent's checkpoint on its last
+    # close would remove the WAL under the child's writes (a malformed database). Closing
+    # is safe now: no SQLite call was in flight at the fork, and a checkpoint on close
+    # needs an exclusive lock the parent's own connections deny.
     inherited, _at_fork = _at_fork, None
-    if inherited:
-        forksafe.keep_forever(inherited)
+    for connection in inherited or ():
+        _close(connection)
     _open = {}
 
 
