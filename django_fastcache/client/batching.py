@@ -73,7 +73,8 @@ class Round:
         self._loop = loop
         #: Batches of the current round in flight.
         self.in_flight = 0
-        #: Advances when a round ends early: the ends of its batches no longer count.
+        #: The round's number: it advances when a round ends, or is ended early (then the
+        #: ends of its batches still in flight no longer count).
         self.generation = 0
         self._held: list[GetBatcher] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -82,19 +83,28 @@ class Round:
         """``batcher``'s batch goes when the round ends."""
         held = self._held
         if not held:
-            self._timer = self._loop.call_later(HOLD_LIMIT, self._expire)
+            self._timer = self._loop.call_later(HOLD_LIMIT, self._overdue, self.generation)
         held.append(batcher)
 
     def ended(self, generation: int) -> None:
         """A batch of round ``generation`` was answered (or failed, or abandoned)."""
         if generation != self.generation:
-            return
+            return  # a batch of a round that ended early
         self.in_flight -= 1
-        if not self.in_flight and self._held:
-            self._loop.call_soon(self._release)
+        if not self.in_flight:
+            self.generation += 1
+            if self._held:
+                self._loop.call_soon(self._release)
 
-    def _expire(self) -> None:
+    def _overdue(self, generation: int) -> None:
+        # Due by the clock, but a busy loop may not have read the replies that came in
+        # time: decide after its next read of the sockets (two callbacks later).
         self._timer = None
+        self._loop.call_soon(self._loop.call_soon, self._expire, generation)
+
+    def _expire(self, generation: int) -> None:
+        if generation != self.generation:
+            return  # the round ended meanwhile
         self.generation += 1
         self.in_flight = 0
         self._release()
@@ -220,7 +230,7 @@ class GetBatcher:
         round = self._round
         round.ended(batch.generation)
         if self._held:
-            if round.in_flight:
+            if round.in_flight and batch.generation == round.generation:
                 round.hold(self)  # its node is free now, the round is not over yet
             else:
                 self._held = False
