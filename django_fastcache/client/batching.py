@@ -12,7 +12,10 @@ have had their turn to ask again. Without the hold, callers spread over several 
 apart: each node's reply wakes a few of them, and each turn sends a few small requests to
 every node (a mean of 4.6 keys per request with 32 tasks over 4 nodes, against 6.1 with it);
 each request costs a send and a receive on both sides. A lone caller is never held: with
-nothing in flight its get goes at the next turn, as before.
+nothing in flight its get goes at the next turn, as before. Over several nodes the same
+holds for the loop's batches together (a :class:`Round`): a node with nothing in flight
+waits, at most ``HOLD_LIMIT``, for the other nodes' batches in flight, so that the callers
+they answer ask again in one turn (8 keys per request with 32 tasks over 4 nodes, not 6).
 
 What each caller sees is what a lone ``get`` would give it:
 
