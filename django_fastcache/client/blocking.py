@@ -26,8 +26,8 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, cast
 
 from .._mypyc import mypyc_attr
 from ..errors import (
@@ -63,6 +63,17 @@ from .thread_connections import ThreadConnections
 
 # Larger replies take several reads; most take one.
 _RECV_SIZE: Final = 64 * 1024
+# A connection's replies are read this much at a time while they are short: a bytes object
+# of at most 512 bytes (33 of them its header) comes from Python's small-object allocator,
+# where a 64 KiB one costs a malloc, a realloc and a free (about 700 instructions, measured
+# with callgrind). A read that fills it switches the connection to _RECV_SIZE for the next
+# _LARGE_READS reads that bring less than this; so a larger reply costs one extra read
+# only when it follows a long run of short ones.
+_SHORT_READ: Final = 512 - 33
+_LARGE_READS: Final = 64
+# os.read's size argument, boxed once: an int above 256 is otherwise boxed anew per call.
+_SHORT_READ_ARG: Final[object] = _SHORT_READ
+_RECV_SIZE_ARG: Final[object] = _RECV_SIZE
 # Reads allowed past a call's deadline, of bytes that had already arrived: enough for a
 # full socket receive buffer, never an endless stream.
 _LATE_READS: Final = 128
@@ -87,7 +98,8 @@ _ARITHMETIC: Final = ReplyKind.ARITHMETIC
 _monotonic: Final = time.monotonic
 
 _write: Final = os.write
-_read_fd: Final = os.read
+# Typed to take the size already boxed (_SHORT_READ_ARG, _RECV_SIZE_ARG).
+_read_fd: Final = cast("Callable[[int, object], bytes]", os.read)
 
 # Builds an Item without the Python-level __new__ of a NamedTuple.
 _new_item: Final = tuple.__new__
@@ -128,6 +140,7 @@ class BlockingConnection:
         "_buffer",
         "_fd",
         "_kernel_timeout",
+        "_large_reads",
         "_parser",
         "_poll",
         "_sock",
@@ -159,10 +172,12 @@ class BlockingConnection:
         self._poll = select.poll()
         self._poll.register(self._fd, select.POLLIN)
         # Late reads and TLS reads go into this reused buffer. (Plain reads take os.read's
-        # bytes: 64 KiB, under glibc's mmap threshold, and shrunk in place; strace -c shows
-        # no mmap per call.)
+        # bytes: see _SHORT_READ; 64 KiB ones stay under glibc's mmap threshold, and are
+        # shrunk in place; strace -c shows no mmap per call.)
         self._buffer = bytearray(_RECV_SIZE)
         self._view = memoryview(self._buffer)
+        # Reads of _RECV_SIZE still to come (see _SHORT_READ); none: short reads.
+        self._large_reads = 0
         # Requests made on this connection, by reply kind (its thread's alone: no lock),
         # their latencies when measured, and whether its next reply says the node is back.
         self.calls = new_calls()
@@ -337,14 +352,21 @@ class BlockingConnection:
         """One read, waiting as long as the kernel timeout says: the bytes that came
         (never none). os.read on the descriptor: a bytes object at once, for fewer
         instructions than recv_into and a copy out of the receive buffer."""
+        large = self._large_reads
         try:
-            data = _read_fd(self._fd, _RECV_SIZE)
+            data = _read_fd(self._fd, _RECV_SIZE_ARG if large else _SHORT_READ_ARG)
         except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO ran out
             raise self._timed_out() from None
         except OSError as exc:
             raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
-        if not data:
+        count = len(data)
+        if not count:
             raise ConnectionLostError(f"{self.address} closed the connection")
+        if count >= _SHORT_READ:
+            # Perhaps cut short: read the rest of this reply, and the next ones, larger.
+            self._large_reads = _LARGE_READS
+        elif large:
+            self._large_reads = large - 1
         return data
 
     def _recv(self, flags: int) -> int:
