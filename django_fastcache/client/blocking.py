@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
-from .._mypyc import mypyc_attr
+from .._mypyc import i64, mypyc_attr
 from ..errors import (
     CommandError,
     ConnectionLostError,
@@ -103,6 +103,8 @@ _read_fd: Final = cast("Callable[[int, object], bytes]", os.read)
 
 # Builds an Item without the Python-level __new__ of a NamedTuple.
 _new_item: Final = tuple.__new__
+# A static of the compiled module, where the imported name is a globals dict look-up.
+_Item: Final = Item
 
 
 def _plain_key(key: bytes) -> bool:
@@ -110,13 +112,17 @@ def _plain_key(key: bytes) -> bool:
     bytes object of 1 to 250 bytes, none of them a space, a control byte or DEL. Compiled,
     a loop over the key costs a few instructions a byte, where the regular expression
     search of :func:`validate_key` costs a Python call and the regex engine's set-up."""
-    end = len(key)
-    if type(key) is not bytes or end == 0 or end > MAX_KEY_LENGTH:
+    if type(key) is not bytes:
         return False
-    for index in range(end):
-        byte = key[index]
+    end: i64 = len(key)
+    if end == 0 or end > MAX_KEY_LENGTH:
+        return False
+    index: i64 = 0
+    while index < end:
+        byte: i64 = key[index]
         if byte <= 32 or byte == 127:
             return False
+        index += 1
     return True
 
 
@@ -595,6 +601,8 @@ class BlockingClient(CommandSet):
         self.counters = ClientMetrics("blocking", cluster, latency=False)
         self.timed = False
         self._local = ThreadConnections()
+        # Its threading.local, read on every request (see ThreadConnections).
+        self._tls = self._local.tls
         # The connections, not the client, are what a forked child must drop (and a
         # compiled client cannot be weakly referenced).
         forksafe.register(self._local)
@@ -605,8 +613,11 @@ class BlockingClient(CommandSet):
         """The calling thread's connection to ``node``, in step for a request. ``flat``: for
         one request whose failure the caller handles as :meth:`_again` does, so a connection
         used a moment ago is trusted without a poll (:meth:`BlockingConnection.out_of_step`)."""
-        local = self._local
-        connection = local.by_node.get(node)
+        try:
+            by_node: dict[int, BlockingConnection] = self._tls.by_node
+        except AttributeError:  # the thread's first request
+            by_node = self._local.new_thread()
+        connection = by_node.get(node)
         if connection is not None and (
             connection.out_of_step(deadline) if flat else connection.readable()
         ):
@@ -621,7 +632,7 @@ class BlockingClient(CommandSet):
                 # Connecting counts against the call's timeout too.
                 max(0.001, min(settings.connect_timeout, deadline - _monotonic())),
             )
-            local.by_node[node] = connection
+            by_node[node] = connection
             connection.used = deadline
             self._count(node, connection)
         return connection
@@ -783,7 +794,7 @@ class BlockingClient(CommandSet):
             validate_key(key)  # raises InvalidKeyError, saying what is wrong
         found = self.value_now(key, True)
         # tuple.__new__: the NamedTuple's own __new__ is a Python function, a frame per call.
-        return None if found is None else _new_item(Item, (key, found[0], found[1], None))
+        return None if found is None else _new_item(_Item, (key, found[0], found[1], None))
 
     def value_now(self, key: bytes, checked: bool = False) -> tuple[bytes, int] | None:
         """:meth:`get_now`'s ``(value, flags)``, or None for a miss: no Item built, and
@@ -795,7 +806,8 @@ class BlockingClient(CommandSet):
         deadline = _monotonic() + self._timeout
         connection = self._ready(node, _RETRIEVAL, deadline)
         try:
-            connection.send(b"get " + key + b"\r\n", deadline)
+            # Compiled, one bytes object built at once (two with +).
+            connection.send(b"get %s\r\n" % key, deadline)
             reply = connection.receive_value(key, deadline)
         except BaseException as exc:
             if not self._again(node, connection, _RETRIEVAL, exc):
@@ -804,7 +816,7 @@ class BlockingClient(CommandSet):
             connection = self._ready(node, _RETRIEVAL, deadline)
             try:
                 connection.bound(deadline)
-                connection.send(b"get " + key + b"\r\n", deadline)
+                connection.send(b"get %s\r\n" % key, deadline)
                 reply = connection.receive_value(key, deadline)
             except BaseException as exc:
                 self._broken(node, _RETRIEVAL, exc)
@@ -839,7 +851,7 @@ class BlockingClient(CommandSet):
 
     def delete_now(self, key: bytes, checked: bool = False) -> bool:
         """:meth:`~CommandSet.delete`, as a plain call (``checked``: the key is valid)."""
-        data = b"delete " + key + b"\r\n" if checked else delete_command(key)
+        data = b"delete %s\r\n" % key if checked else delete_command(key)
         return self.request(self.cluster.node_index(key), data, _DELETE) is Status.DELETED
 
     def touch_now(self, key: bytes, exptime: int) -> bool:

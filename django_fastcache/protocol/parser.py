@@ -152,9 +152,25 @@ def whole_one_value(
             return MISS
         return None
     # "VALUE <key> <flags> <bytes>\r\n<data>\r\nEND\r\n": the shortest has 1-digit numbers.
-    pos: i64 = 6 + len(key)
-    if end < pos + 13 or buffer[pos] != 32 or not buffer.startswith(b"VALUE " + key):
+    size: i64 = len(key)
+    pos: i64 = 6 + size
+    if (
+        end < pos + 13
+        or buffer[pos] != 32
+        or buffer[0] != 86  # V
+        or buffer[1] != 65  # A
+        or buffer[2] != 76  # L
+        or buffer[3] != 85  # U
+        or buffer[4] != 69  # E
+        or buffer[5] != 32
+    ):
         return None
+    # The key, compared byte by byte: no b"VALUE " + key built, no startswith() call.
+    index: i64 = 0
+    while index < size:
+        if buffer[6 + index] != key[index]:
+            return None
+        index += 1
     # The flags: 1 to 10 digits (32-bit), then a space. No digit is ever read past
     # end - 11: the shortest rest is " <length>\r\n\r\nEND\r\n".
     pos += 1
