@@ -710,7 +710,10 @@ class BlockingClient(CommandSet):
         except BaseException as exc:
             self._failed(node, kind, exc, True)
             raise
-        connection.calls[kind] += 1
+        # Read into a typed local: compiled, ``calls[kind] += 1`` is a generic in-place add.
+        calls = connection.calls
+        count: int = calls[kind]
+        calls[kind] = count + 1
         return connection
 
     def _again(
