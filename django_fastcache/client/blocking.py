@@ -26,10 +26,10 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, cast
 
-from .._mypyc import mypyc_attr
+from .._mypyc import i64, mypyc_attr
 from ..errors import (
     CommandError,
     ConnectionLostError,
@@ -63,6 +63,17 @@ from .thread_connections import ThreadConnections
 
 # Larger replies take several reads; most take one.
 _RECV_SIZE: Final = 64 * 1024
+# A connection's replies are read this much at a time while they are short: a bytes object
+# of at most 512 bytes (33 of them its header) comes from Python's small-object allocator,
+# where a 64 KiB one costs a malloc, a realloc and a free (about 700 instructions, measured
+# with callgrind). A read that fills it switches the connection to _RECV_SIZE for the next
+# _LARGE_READS reads that bring less than this; so a larger reply costs one extra read
+# only when it follows a long run of short ones.
+_SHORT_READ: Final = 512 - 33
+_LARGE_READS: Final = 64
+# os.read's size argument, boxed once: an int above 256 is otherwise boxed anew per call.
+_SHORT_READ_ARG: Final[object] = _SHORT_READ
+_RECV_SIZE_ARG: Final[object] = _RECV_SIZE
 # Reads allowed past a call's deadline, of bytes that had already arrived: enough for a
 # full socket receive buffer, never an endless stream.
 _LATE_READS: Final = 128
@@ -87,10 +98,13 @@ _ARITHMETIC: Final = ReplyKind.ARITHMETIC
 _monotonic: Final = time.monotonic
 
 _write: Final = os.write
-_read_fd: Final = os.read
+# Typed to take the size already boxed (_SHORT_READ_ARG, _RECV_SIZE_ARG).
+_read_fd: Final = cast("Callable[[int, object], bytes]", os.read)
 
 # Builds an Item without the Python-level __new__ of a NamedTuple.
 _new_item: Final = tuple.__new__
+# A static of the compiled module, where the imported name is a globals dict look-up.
+_Item: Final = Item
 
 
 def _plain_key(key: bytes) -> bool:
@@ -98,13 +112,17 @@ def _plain_key(key: bytes) -> bool:
     bytes object of 1 to 250 bytes, none of them a space, a control byte or DEL. Compiled,
     a loop over the key costs a few instructions a byte, where the regular expression
     search of :func:`validate_key` costs a Python call and the regex engine's set-up."""
-    end = len(key)
-    if type(key) is not bytes or end == 0 or end > MAX_KEY_LENGTH:
+    if type(key) is not bytes:
         return False
-    for index in range(end):
-        byte = key[index]
+    end: i64 = len(key)
+    if end == 0 or end > MAX_KEY_LENGTH:
+        return False
+    index: i64 = 0
+    while index < end:
+        byte: i64 = key[index]
         if byte <= 32 or byte == 127:
             return False
+        index += 1
     return True
 
 
@@ -128,6 +146,7 @@ class BlockingConnection:
         "_buffer",
         "_fd",
         "_kernel_timeout",
+        "_large_reads",
         "_parser",
         "_poll",
         "_sock",
@@ -159,10 +178,12 @@ class BlockingConnection:
         self._poll = select.poll()
         self._poll.register(self._fd, select.POLLIN)
         # Late reads and TLS reads go into this reused buffer. (Plain reads take os.read's
-        # bytes: 64 KiB, under glibc's mmap threshold, and shrunk in place; strace -c shows
-        # no mmap per call.)
+        # bytes: see _SHORT_READ; 64 KiB ones stay under glibc's mmap threshold, and are
+        # shrunk in place; strace -c shows no mmap per call.)
         self._buffer = bytearray(_RECV_SIZE)
         self._view = memoryview(self._buffer)
+        # Reads of _RECV_SIZE still to come (see _SHORT_READ); none: short reads.
+        self._large_reads = 0
         # Requests made on this connection, by reply kind (its thread's alone: no lock),
         # their latencies when measured, and whether its next reply says the node is back.
         self.calls = new_calls()
@@ -337,14 +358,21 @@ class BlockingConnection:
         """One read, waiting as long as the kernel timeout says: the bytes that came
         (never none). os.read on the descriptor: a bytes object at once, for fewer
         instructions than recv_into and a copy out of the receive buffer."""
+        large = self._large_reads
         try:
-            data = _read_fd(self._fd, _RECV_SIZE)
+            data = _read_fd(self._fd, _RECV_SIZE_ARG if large else _SHORT_READ_ARG)
         except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO ran out
             raise self._timed_out() from None
         except OSError as exc:
             raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
-        if not data:
+        count = len(data)
+        if not count:
             raise ConnectionLostError(f"{self.address} closed the connection")
+        if count >= _SHORT_READ:
+            # Perhaps cut short: read the rest of this reply, and the next ones, larger.
+            self._large_reads = _LARGE_READS
+        elif large:
+            self._large_reads = large - 1
         return data
 
     def _recv(self, flags: int) -> int:
@@ -573,6 +601,8 @@ class BlockingClient(CommandSet):
         self.counters = ClientMetrics("blocking", cluster, latency=False)
         self.timed = False
         self._local = ThreadConnections()
+        # Its threading.local, read on every request (see ThreadConnections).
+        self._tls = self._local.tls
         # The connections, not the client, are what a forked child must drop (and a
         # compiled client cannot be weakly referenced).
         forksafe.register(self._local)
@@ -583,8 +613,11 @@ class BlockingClient(CommandSet):
         """The calling thread's connection to ``node``, in step for a request. ``flat``: for
         one request whose failure the caller handles as :meth:`_again` does, so a connection
         used a moment ago is trusted without a poll (:meth:`BlockingConnection.out_of_step`)."""
-        local = self._local
-        connection = local.by_node.get(node)
+        try:
+            by_node: dict[int, BlockingConnection] = self._tls.by_node
+        except AttributeError:  # the thread's first request
+            by_node = self._local.new_thread()
+        connection = by_node.get(node)
         if connection is not None and (
             connection.out_of_step(deadline) if flat else connection.readable()
         ):
@@ -599,7 +632,7 @@ class BlockingClient(CommandSet):
                 # Connecting counts against the call's timeout too.
                 max(0.001, min(settings.connect_timeout, deadline - _monotonic())),
             )
-            local.by_node[node] = connection
+            by_node[node] = connection
             connection.used = deadline
             self._count(node, connection)
         return connection
@@ -677,7 +710,10 @@ class BlockingClient(CommandSet):
         except BaseException as exc:
             self._failed(node, kind, exc, True)
             raise
-        connection.calls[kind] += 1
+        # Read into a typed local: compiled, ``calls[kind] += 1`` is a generic in-place add.
+        calls = connection.calls
+        count: int = calls[kind]
+        calls[kind] = count + 1
         return connection
 
     def _again(
@@ -761,7 +797,7 @@ class BlockingClient(CommandSet):
             validate_key(key)  # raises InvalidKeyError, saying what is wrong
         found = self.value_now(key, True)
         # tuple.__new__: the NamedTuple's own __new__ is a Python function, a frame per call.
-        return None if found is None else _new_item(Item, (key, found[0], found[1], None))
+        return None if found is None else _new_item(_Item, (key, found[0], found[1], None))
 
     def value_now(self, key: bytes, checked: bool = False) -> tuple[bytes, int] | None:
         """:meth:`get_now`'s ``(value, flags)``, or None for a miss: no Item built, and
@@ -773,7 +809,8 @@ class BlockingClient(CommandSet):
         deadline = _monotonic() + self._timeout
         connection = self._ready(node, _RETRIEVAL, deadline)
         try:
-            connection.send(b"get " + key + b"\r\n", deadline)
+            # Compiled, one bytes object built at once (two with +).
+            connection.send(b"get %s\r\n" % key, deadline)
             reply = connection.receive_value(key, deadline)
         except BaseException as exc:
             if not self._again(node, connection, _RETRIEVAL, exc):
@@ -782,7 +819,7 @@ class BlockingClient(CommandSet):
             connection = self._ready(node, _RETRIEVAL, deadline)
             try:
                 connection.bound(deadline)
-                connection.send(b"get " + key + b"\r\n", deadline)
+                connection.send(b"get %s\r\n" % key, deadline)
                 reply = connection.receive_value(key, deadline)
             except BaseException as exc:
                 self._broken(node, _RETRIEVAL, exc)
@@ -817,7 +854,7 @@ class BlockingClient(CommandSet):
 
     def delete_now(self, key: bytes, checked: bool = False) -> bool:
         """:meth:`~CommandSet.delete`, as a plain call (``checked``: the key is valid)."""
-        data = b"delete " + key + b"\r\n" if checked else delete_command(key)
+        data = b"delete %s\r\n" % key if checked else delete_command(key)
         return self.request(self.cluster.node_index(key), data, _DELETE) is Status.DELETED
 
     def touch_now(self, key: bytes, exptime: int) -> bool:

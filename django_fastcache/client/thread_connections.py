@@ -1,8 +1,7 @@
 """Each thread's blocking connections, by node index.
 
-A module of its own, never compiled: ``threading.local`` gives every thread a fresh
-instance by calling ``__init__`` again in it, which a mypyc-compiled subclass does not do
-(every thread would share one set of sockets).
+A module of its own, never compiled: its objects are weakly referenced (the registry of
+every thread's dict, and the fork hook), which a mypyc-compiled class does not allow.
 """
 
 from __future__ import annotations
@@ -16,13 +15,33 @@ if TYPE_CHECKING:
     from .blocking import BlockingConnection
 
 
-class ThreadConnections(threading.local):
-    """The calling thread's connections; each thread sees its own ``by_node``."""
+class ThreadConnections:
+    """Every thread's connections: :attr:`by_node` is the calling thread's.
+
+    A plain ``threading.local`` holds each thread's dict (as ``tls.by_node``), not a
+    subclass of it: reading an attribute of a subclass instance adds a type look-up and
+    the generic attribute machinery, about 200 instructions per request."""
 
     def __init__(self) -> None:
-        self.by_node: dict[int, BlockingConnection] = {}
+        #: The calling thread's ``by_node`` dict, once :meth:`new_thread` made it.
+        self.tls = threading.local()
+
+    @property
+    def by_node(self) -> dict[int, BlockingConnection]:
+        """The calling thread's connections, by node index."""
+        try:
+            by_node: dict[int, BlockingConnection] = self.tls.by_node
+        except AttributeError:
+            return self.new_thread()
+        return by_node
+
+    def new_thread(self) -> dict[int, BlockingConnection]:
+        """The calling thread's dict of connections, new (its first request)."""
+        by_node: dict[int, BlockingConnection] = {}
+        self.tls.by_node = by_node
         # Every thread's dict, reachable from other threads for drop_nodes().
-        _threads_of(self).append((weakref.ref(threading.current_thread()), self.by_node))
+        _threads_of(self).append((weakref.ref(threading.current_thread()), by_node))
+        return by_node
 
     def drop_nodes(self, nodes: tuple[int, ...]) -> None:
         """Close every thread's connections to ``nodes`` (nodes that left the cluster).
@@ -46,9 +65,10 @@ class ThreadConnections(threading.local):
         # their threads.)
         for connection in self.by_node.values():
             connection.close()
-        self.by_node = {}
+        by_node: dict[int, BlockingConnection] = {}
+        self.tls.by_node = by_node
         # Only this thread lives on in the child.
-        _threads_of(self)[:] = [(weakref.ref(threading.current_thread()), self.by_node)]
+        _threads_of(self)[:] = [(weakref.ref(threading.current_thread()), by_node)]
         return None
 
 

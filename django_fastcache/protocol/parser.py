@@ -23,6 +23,7 @@ import re
 from collections.abc import Sequence
 from typing import Final, NamedTuple, cast
 
+from django_fastcache._mypyc import i64
 from django_fastcache.errors import (
     ClientError,
     CommandError,
@@ -138,7 +139,8 @@ def whole_one_value(
     not the connection's bytearray: mypyc reads a bytes index in place, where a bytearray
     index is a generic ``__getitem__`` call and a boxed int."""
     buffer = reply
-    end = len(reply)
+    # Native 64-bit integers, compiled (i64): every number here stays far inside that range.
+    end: i64 = len(reply)
     if end == 5:
         if (
             buffer[0] == 69  # E
@@ -150,14 +152,52 @@ def whole_one_value(
             return MISS
         return None
     # "VALUE <key> <flags> <bytes>\r\n<data>\r\nEND\r\n": the shortest has 1-digit numbers.
-    pos = 6 + len(key)
-    if end < pos + 13 or buffer[pos] != 32 or not buffer.startswith(b"VALUE " + key):
+    size: i64 = len(key)
+    pos: i64 = 6 + size
+    if (
+        end < pos + 13
+        or buffer[pos] != 32
+        or buffer[0] != 86  # V
+        or buffer[1] != 65  # A
+        or buffer[2] != 76  # L
+        or buffer[3] != 85  # U
+        or buffer[4] != 69  # E
+        or buffer[5] != 32
+    ):
         return None
-    flags, pos = _digits(buffer, pos + 1, end, 10)  # flags are 32-bit: at most 10 digits
-    if pos < 0 or buffer[pos] != 32 or flags > _UINT32_MAX:
+    # The key, compared byte by byte: no b"VALUE " + key built, no startswith() call.
+    index: i64 = 0
+    while index < size:
+        if buffer[6 + index] != key[index]:
+            return None
+        index += 1
+    # The flags: 1 to 10 digits (32-bit), then a space. No digit is ever read past
+    # end - 11: the shortest rest is " <length>\r\n\r\nEND\r\n".
+    pos += 1
+    first: i64 = pos
+    flags: i64 = 0
+    byte: i64 = buffer[pos]
+    while 48 <= byte <= 57:
+        if pos - first == 10 or pos >= end - 11:
+            return None
+        flags = flags * 10 + byte - 48
+        pos += 1
+        byte = buffer[pos]
+    if pos == first or byte != 32 or flags > _UINT32_MAX:
         return None
-    length, pos = _digits(buffer, pos + 1, end, 20)
-    if pos < 0:
+    # The length: 1 to 18 digits here (longer ones, far past any value size, are left to
+    # the general parser), then the line ending.
+    pos += 1
+    first = pos
+    length: i64 = 0
+    byte = buffer[pos]
+    while 48 <= byte <= 57:
+        if pos - first == 18 or pos >= end - 9:
+            return None
+        length = length * 10 + byte - 48
+        pos += 1
+        byte = buffer[pos]
+    if pos == first:
         return None
     start = pos + 2
     data_end = start + length
@@ -215,23 +255,6 @@ def whole_status(reply: bytes, kind: ReplyKind) -> Status | int | None:
     if kind is _TOUCH_KIND:
         return _TOUCH_LINES.get(reply)
     return None
-
-
-def _digits(reply: bytes, pos: int, end: int, most: int) -> tuple[int, int]:
-    """The decimal number at ``reply[pos]`` (1 to ``most`` digits) and the position after
-    it, which is inside ``reply[:end - 1]``; ``(0, -1)`` when there is no such number."""
-    value = 0
-    first = pos
-    byte = reply[pos]
-    while 48 <= byte <= 57:
-        if pos - first == most or pos + 1 >= end:
-            return 0, -1
-        value = value * 10 + byte - 48
-        pos += 1
-        byte = reply[pos]
-    if pos == first:
-        return 0, -1
-    return value, pos
 
 
 class ReplyParser:
