@@ -100,8 +100,10 @@ class WriteBehind:
         queue.append((key, stamp, data, flags, expire_at, written_at))
         if self._idle:
             self._notify()
-        elif queued == BATCH:
-            self._wake.set()  # a burst: land it now rather than at the interval's end
+        elif queued >= BATCH and not self._wake.is_set():
+            # A burst: land it now rather than at the interval's end. At or past BATCH, not
+            # only at it: two threads' puts may both read BATCH - 1 queued.
+            self._wake.set()
 
     def _notify(self) -> None:
         self._idle = False
@@ -201,7 +203,9 @@ def _after_fork_in_child() -> None:
 def _land_at_exit() -> None:
     deadline = time.monotonic() + EXIT_WAIT
     for writer in list(_queues):
-        if writer._queue and not writer.paused:
+        # Not idle: a batch may be landing, taken off the queue already (the flush lands
+        # behind it).
+        if (writer._queue or not writer._idle) and not writer.paused:
             writer.flush(max(0.0, deadline - time.monotonic()))
 
 
