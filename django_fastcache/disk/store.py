@@ -318,14 +318,19 @@ class DiskStore:
         batch). Returns (landed, skipped)."""
         latest = {write[0]: write for write in writes}
         shards = self._shards_now()
-        by_shard: dict[int, list[Landing]] = {}
+        # Each shard's writes, encoded here, before its transaction: the GIL is handed over
+        # only while no shard's lock is held (a hand-over inside the transaction could
+        # keep the lock up to a switch interval per hand-over, from every other process).
+        by_shard: dict[int, list[tuple[Landing, bytes | None]]] = {}
         count = len(shards)
         for done, (key, write) in enumerate(latest.items(), 1):
             if type(key) is bytes:
                 index = (zlib.adler32(key) & 0xFFFFFFFF) % count  # shard_of, inlined
             else:
                 index = self.shard_of(key)
-            by_shard.setdefault(index, []).append(write)
+            data = write[2]
+            raw = None if data is None else _encode(data, write[3], write[5], write[1])
+            by_shard.setdefault(index, []).append((write, raw))
             if not done % YIELD_EVERY:
                 _yield_gil()
         landed = 0
@@ -342,20 +347,16 @@ class DiskStore:
                     now = time.time()
                     upserts: list[tuple[bytes, float, float | None, float, bytes]] = []
                     deletes: list[tuple[bytes]] = []
-                    for done, write in enumerate(by_shard[index], 1):
-                        if not done % YIELD_EVERY:
-                            _yield_gil()
-                        key, stamp, data, flags, expire_at, written_at = write
+                    for write, raw in by_shard[index]:
+                        key, stamp, _data, _flags, expire_at, _written_at = write
                         if current(key) != stamp:
                             skipped += 1
-                        elif data is None or (expire_at is not None and expire_at <= now):
+                        elif raw is None or (expire_at is not None and expire_at <= now):
                             deletes.append((key,))
+                        elif len(raw) >= _FILE_THRESHOLD:
+                            slow.append(write)
                         else:
-                            raw = _encode(data, flags, written_at, stamp)
-                            if len(raw) >= _FILE_THRESHOLD:
-                                slow.append(write)
-                            else:
-                                upserts.append((key, now, expire_at, now, raw))
+                            upserts.append((key, now, expire_at, now, raw))
                     with_files = _land_rows(con, upserts, deletes)
                     con.execute("COMMIT")
                 except BaseException:
@@ -364,7 +365,7 @@ class DiskStore:
                     raise
             landed += len(upserts) + len(deletes) - len(with_files)
             if with_files:
-                slow += [w for w in by_shard[index] if w[0] in with_files]
+                slow += [w for w, _raw in by_shard[index] if w[0] in with_files]
             if slow:
                 with self._failures("write behind"), self._transaction(shard):
                     done = self._land_slow(shard, slow, current)
