@@ -233,41 +233,50 @@ class TieredStore:
             self.stamps.bump(key, gone=True)
 
     # -- disk entries --------------------------------------------------------------------
-    def _fresh(
-        self, key: bytes, entry: DiskEntry | None, now: float, stamp: int | None = None
-    ) -> DiskEntry | None:
-        """``entry`` if it may answer now: written under ``stamp`` (by default, its slot's
-        current one), within ``max_staleness``, not expired, not distrusted."""
-        if entry is None:
-            return None
-        if stamp is None:
-            stamp = self.stamps.current(key)
-        if (
-            entry.stamp != stamp
-            or not holds_value(stamp)
-            or now - entry.written_at > self.max_staleness
-            or (entry.expire_at is not None and entry.expire_at <= now)
-            or not self.states.trusts(key, entry.written_at)
-        ):
-            return None
-        return entry
+    def _answers(self, key: bytes, written_at: float, expire_at: float | None, now: float) -> bool:
+        """Whether an entry of ``key`` written (under its slot's current stamp) at
+        ``written_at`` may answer now: within ``max_staleness``, not expired, not
+        distrusted."""
+        return (
+            now - written_at <= self.max_staleness
+            and (expire_at is None or expire_at > now)
+            and self.states.trusts(key, written_at)
+        )
 
     def _on_disk(self, key: bytes, stamp: int | None = None) -> DiskEntry | None:
-        """The key's disk entry if it answers (under ``stamp``, by default the current
-        one); a disk that fails answers nothing."""
+        """The key's disk entry if it answers: written under ``stamp`` (by default, its
+        slot's current one), which must be a write's, and :meth:`_answers`. A disk that
+        fails answers nothing."""
         if stamp is None:
             stamp = self.stamps.current(key)
         if not holds_value(stamp):
             return None  # deleted, or never written: no entry answers, no need to look
         try:
-            return self._fresh(key, self.disk.get(key), time.time(), stamp)
+            found = self.disk.read(key, stamp)
         except DiskError as exc:
             self._disk_failed(None, exc)
             return None
+        if found is None:
+            return None
+        data, flags, written_at, expire_at = found
+        if not self._answers(key, written_at, expire_at, time.time()):
+            return None
+        return DiskEntry(data, flags, written_at, expire_at, stamp)
 
     def _disk_read(self, key: bytes) -> tuple[bytes, int] | None:
-        entry = self._on_disk(key)
-        return None if entry is None else (entry.data, entry.flags)
+        """:meth:`_on_disk` as a get answers it (a node is out): the same rules, with no
+        entry built."""
+        stamp = self.stamps.current(key)
+        if not holds_value(stamp):
+            return None
+        try:
+            found = self.disk.read(key, stamp)
+        except DiskError as exc:
+            self._disk_failed(None, exc)
+            return None
+        if found is None or not self._answers(key, found[2], found[3], time.time()):
+            return None
+        return found[0], found[1]
 
     def _queue(
         self, key: bytes, stamp: int, data: bytes | None, flags: int, ttl: float | None, now: float

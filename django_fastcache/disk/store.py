@@ -240,44 +240,71 @@ class DiskStore:
             with self._failures("commit"):
                 transaction.__exit__(None, None, None)
 
-    def _reader(self, index: int) -> Any:
-        """This thread's SQLite connection to shard ``index`` (diskcache's own), kept
+    def _reader(self, key: bytes) -> Any:
+        """This thread's SQLite connection to ``key``'s shard (diskcache's own), kept
         without diskcache's process check per call: the shards are made anew after a
-        fork or :meth:`close`, and the connections kept with them."""
-        shards = self._shards_now()
+        fork or :meth:`close`, and the connections kept with them. (On the read path: the
+        shard is found here, in one call.)"""
+        shards = self._shards
+        if not shards or self._pid != _current_pid:
+            shards = self._shards_now()
         local = self._local
         if getattr(local, "shards", None) is not shards:
             local.shards, local.connections = shards, {}
         connections: dict[int, Any] = local.connections
+        if type(key) is bytes:
+            index = (zlib.adler32(key) & 0xFFFFFFFF) % len(shards)  # as shard_of says
+        else:
+            index = self.shard_of(key)
         con = connections.get(index)
         if con is None:
             con = connections[index] = shards[index]._con
         return con
 
     # -- operations ----------------------------------------------------------------------
-    # get and set are on the request path: plain try blocks, no context manager per call.
+    # get, read and set are on the request path: plain try blocks, no context manager per
+    # call.
     def get(self, key: bytes) -> DiskEntry | None:
+        row = self._row(key)
+        return None if row is None else _decode(row[0], row[1])
+
+    def read(self, key: bytes, stamp: int) -> tuple[bytes, int, float, float | None] | None:
+        """``(data, flags, written_at, expire_at)`` of ``key``'s entry if it was written
+        under ``stamp``; None when there is none, it expired, or another stamp's. The read
+        path's :meth:`get`: an entry that cannot answer costs no object built."""
+        row = self._row(key)
+        if row is None:
+            return None
+        raw = row[0]
+        if len(raw) < _HEADER.size:
+            return None  # not of this format (an older version's entry): it never answers
+        flags, written_at, written_under = _HEADER.unpack_from(raw)
+        if written_under != stamp:
+            return None
+        return raw[_HEADER.size :], flags, written_at, row[1]
+
+    def _row(self, key: bytes) -> tuple[bytes, float | None] | None:
+        """The stored bytes of ``key``'s unexpired entry, and when it expires."""
         try:
             if self._plain_reads:
                 # diskcache's own get, as it runs for an eviction policy that records no
                 # access (its fast path), for a row with no file of its own.
-                index = self.shard_of(key)
                 forkgate.enter()  # inside SQLite: no fork meanwhile (see forkgate)
                 try:
-                    rows = self._reader(index).execute(_SELECT, (key, time.time())).fetchall()
+                    rows = self._reader(key).execute(_SELECT, (key, time.time())).fetchall()
                 finally:
                     forkgate.leave()
                 if not rows:
                     return None
                 ((expire_at, mode, filename, raw),) = rows
                 if mode == _MODE_RAW and filename is None:
-                    return _decode(raw, expire_at)
+                    return raw, expire_at
             raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
         except Exception as exc:
             raise DiskError(f"disk tier read failed: {type(exc).__name__}: {exc}") from exc
         if raw is None:
             return None
-        return _decode(raw, expire_at)
+        return raw, expire_at
 
     def set(
         self,
