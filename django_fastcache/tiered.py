@@ -46,6 +46,7 @@ from .client.commands import CommandSet
 from .client.failures import refusal_error
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
 from .disk.stamps import WriteStamps, holds_value
+from .disk.store import Fields
 from .disk.writebehind import INTERVAL, WriteBehind
 from .errors import (
     CommandError,
@@ -243,10 +244,11 @@ class TieredStore:
             and self.states.trusts(key, written_at)
         )
 
-    def _on_disk(self, key: bytes, stamp: int | None = None) -> DiskEntry | None:
-        """The key's disk entry if it answers: written under ``stamp`` (by default, its
-        slot's current one), which must be a write's, and :meth:`_answers`. A disk that
-        fails answers nothing."""
+    def _answering(self, key: bytes, stamp: int | None = None) -> Fields | None:
+        """The fields of the key's disk entry if it answers: written under ``stamp`` (by
+        default, its slot's current one), which must be a write's, and :meth:`_answers`.
+        A disk that fails answers nothing. (The read path's :meth:`_on_disk`: nothing is
+        built.)"""
         if stamp is None:
             stamp = self.stamps.current(key)
         if not holds_value(stamp):
@@ -256,27 +258,18 @@ class TieredStore:
         except DiskError as exc:
             self._disk_failed(None, exc)
             return None
-        if found is None:
-            return None
-        data, flags, written_at, expire_at = found
-        if not self._answers(key, written_at, expire_at, time.time()):
-            return None
-        return DiskEntry(data, flags, written_at, expire_at, stamp)
-
-    def _disk_read(self, key: bytes) -> tuple[bytes, int] | None:
-        """:meth:`_on_disk` as a get answers it (a node is out): the same rules, with no
-        entry built."""
-        stamp = self.stamps.current(key)
-        if not holds_value(stamp):
-            return None
-        try:
-            found = self.disk.read(key, stamp)
-        except DiskError as exc:
-            self._disk_failed(None, exc)
-            return None
         if found is None or not self._answers(key, found[2], found[3], time.time()):
             return None
-        return found[0], found[1]
+        return found
+
+    def _on_disk(self, key: bytes, stamp: int | None = None) -> DiskEntry | None:
+        """The key's disk entry if it answers (see :meth:`_answering`)."""
+        found = self._answering(key, stamp)
+        return None if found is None else DiskEntry._make(found)
+
+    def _disk_read(self, key: bytes) -> tuple[bytes, int] | None:
+        found = self._answering(key)
+        return None if found is None else (found[0], found[1])
 
     def _queue(
         self, key: bytes, stamp: int, data: bytes | None, flags: int, ttl: float | None, now: float
@@ -373,7 +366,8 @@ class TieredStore:
                     return None  # deleted, or never written: no disk entry answers
                 return run_blocking(self._answer_miss(self.blocking, key, node))
         self.metrics.fallbacks += 1
-        return self._disk_read(key)
+        entry = self._answering(key)  # (_disk_read, inline: every read of an outage)
+        return None if entry is None else (entry[0], entry[1])
 
     async def get(self, client: CommandSet, key: bytes) -> tuple[bytes, int] | None:
         node = self.cluster.node_index(key)

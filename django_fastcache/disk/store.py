@@ -63,6 +63,8 @@ _MODE_RAW = diskcache.core.MODE_RAW
 
 _DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1 AND filename IS NULL"
 
+#: A disk entry's fields, as :class:`DiskEntry` names them.
+Fields = tuple[bytes, int, float, float | None, int]
 #: A write behind: (key, stamp, data or None for a delete, flags, expire_at, written_at).
 Landing = tuple[bytes, int, bytes | None, int, float | None, float]
 
@@ -101,13 +103,6 @@ class DiskEntry(NamedTuple):
 
 def _encode(data: bytes, flags: int, written_at: float, stamp: int = 0) -> bytes:
     return _HEADER.pack(flags, written_at, stamp) + data
-
-
-def _decode(raw: bytes, expire_at: float | None) -> DiskEntry | None:
-    if len(raw) < _HEADER.size:
-        return None  # not of this format (an older version's entry): it never answers
-    flags, written_at, stamp = _HEADER.unpack_from(raw)
-    return DiskEntry(raw[_HEADER.size :], flags, written_at, expire_at, stamp)
 
 
 class DiskStore:
@@ -241,50 +236,38 @@ class DiskStore:
                 transaction.__exit__(None, None, None)
 
     def _reader(self, key: bytes) -> Any:
-        """This thread's SQLite connection to ``key``'s shard (diskcache's own), kept
-        without diskcache's process check per call: the shards are made anew after a
-        fork or :meth:`close`, and the connections kept with them. (On the read path: the
-        shard is found here, in one call.)"""
+        """A cursor of this thread's SQLite connection to ``key``'s shard (diskcache's
+        own), kept without diskcache's process check per call: the shards are made anew
+        after a fork or :meth:`close`, and the cursors kept with them. (On the read path:
+        the shard is found here, in one call, and one cursor serves every read.)"""
         shards = self._shards
         if not shards or self._pid != _current_pid:
             shards = self._shards_now()
         local = self._local
         if getattr(local, "shards", None) is not shards:
-            local.shards, local.connections = shards, {}
-        connections: dict[int, Any] = local.connections
+            local.shards, local.cursors = shards, {}
+        cursors: dict[int, Any] = local.cursors
         if type(key) is bytes:
             index = (zlib.adler32(key) & 0xFFFFFFFF) % len(shards)  # as shard_of says
         else:
             index = self.shard_of(key)
-        con = connections.get(index)
-        if con is None:
-            con = connections[index] = shards[index]._con
-        return con
+        cursor = cursors.get(index)
+        if cursor is None:
+            cursor = cursors[index] = shards[index]._con.cursor()
+        return cursor
 
     # -- operations ----------------------------------------------------------------------
     # get, read and set are on the request path: plain try blocks, no context manager per
     # call.
     def get(self, key: bytes) -> DiskEntry | None:
-        row = self._row(key)
-        return None if row is None else _decode(row[0], row[1])
+        found = self.read(key)
+        return None if found is None else DiskEntry._make(found)
 
-    def read(self, key: bytes, stamp: int) -> tuple[bytes, int, float, float | None] | None:
-        """``(data, flags, written_at, expire_at)`` of ``key``'s entry if it was written
-        under ``stamp``; None when there is none, it expired, or another stamp's. The read
-        path's :meth:`get`: an entry that cannot answer costs no object built."""
-        row = self._row(key)
-        if row is None:
-            return None
-        raw = row[0]
-        if len(raw) < _HEADER.size:
-            return None  # not of this format (an older version's entry): it never answers
-        flags, written_at, written_under = _HEADER.unpack_from(raw)
-        if written_under != stamp:
-            return None
-        return raw[_HEADER.size :], flags, written_at, row[1]
-
-    def _row(self, key: bytes) -> tuple[bytes, float | None] | None:
-        """The stored bytes of ``key``'s unexpired entry, and when it expires."""
+    def read(self, key: bytes, stamp: int | None = None) -> Fields | None:
+        """The fields of ``key``'s unexpired entry (those of :class:`DiskEntry`, as a plain
+        tuple), or None; with ``stamp``, None also for an entry written under another
+        stamp. The read path's :meth:`get`: an entry that cannot answer costs no object
+        built."""
         try:
             if self._plain_reads:
                 # diskcache's own get, as it runs for an eviction policy that records no
@@ -297,14 +280,19 @@ class DiskStore:
                 if not rows:
                     return None
                 ((expire_at, mode, filename, raw),) = rows
-                if mode == _MODE_RAW and filename is None:
-                    return raw, expire_at
-            raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
+                if mode != _MODE_RAW or filename is not None:
+                    raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
+            else:
+                raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
+            if raw is None or len(raw) < _HEADER.size:
+                return None  # none, or not of this format (an older version's): never answers
+            # (Inside the try: a corrupt file can hand back a row of any type.)
+            flags, written_at, written_under = _HEADER.unpack_from(raw)
         except Exception as exc:
             raise DiskError(f"disk tier read failed: {type(exc).__name__}: {exc}") from exc
-        if raw is None:
+        if stamp is not None and written_under != stamp:
             return None
-        return raw, expire_at
+        return raw[_HEADER.size :], flags, written_at, expire_at, written_under
 
     def set(
         self,
