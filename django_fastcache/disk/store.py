@@ -55,11 +55,10 @@ _UPSERT = (
     " value = excluded.value WHERE Cache.filename IS NULL"
 )
 
-_SELECT = (
-    "SELECT expire_time, mode, filename, value FROM Cache WHERE key = ? AND raw = 1"
-    " AND (expire_time IS NULL OR expire_time > ?)"
-)
-_MODE_RAW = diskcache.core.MODE_RAW
+# A read takes the two columns it needs (each more column costs, per read): a row kept in
+# the database holds the bytes (mode raw: the tier writes nothing else there); one whose
+# value is NULL holds a file, read by diskcache's own get. Expiry is checked on the row.
+_SELECT = "SELECT value, expire_time FROM Cache WHERE key = ? AND raw = 1"
 
 _DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1 AND filename IS NULL"
 
@@ -274,14 +273,16 @@ class DiskStore:
                 # access (its fast path), for a row with no file of its own.
                 forkgate.enter()  # inside SQLite: no fork meanwhile (see forkgate)
                 try:
-                    rows = self._reader(key).execute(_SELECT, (key, time.time())).fetchall()
+                    rows = self._reader(key).execute(_SELECT, (key,)).fetchall()
                 finally:
                     forkgate.leave()
                 if not rows:
                     return None
-                ((expire_at, mode, filename, raw),) = rows
-                if mode != _MODE_RAW or filename is not None:
+                ((raw, expire_at),) = rows
+                if raw is None:  # a file of its own
                     raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
+                elif expire_at is not None and expire_at <= time.time():
+                    return None
             else:
                 raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
             if raw is None or len(raw) < _HEADER.size:
