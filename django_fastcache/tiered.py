@@ -234,31 +234,31 @@ class TieredStore:
             self.stamps.bump(key, gone=True)
 
     # -- disk entries --------------------------------------------------------------------
-    def _answers(self, key: bytes, written_at: float, expire_at: float | None, now: float) -> bool:
-        """Whether an entry of ``key`` written (under its slot's current stamp) at
-        ``written_at`` may answer now: within ``max_staleness``, not expired, not
-        distrusted."""
-        return (
-            now - written_at <= self.max_staleness
-            and (expire_at is None or expire_at > now)
-            and self.states.trusts(key, written_at)
-        )
-
     def _answering(self, key: bytes, stamp: int | None = None) -> Fields | None:
-        """The fields of the key's disk entry if it answers: written under ``stamp`` (by
-        default, its slot's current one), which must be a write's, and :meth:`_answers`.
-        A disk that fails answers nothing. (The read path's :meth:`_on_disk`: nothing is
-        built.)"""
+        """The fields of the key's disk entry if it may answer now: written under
+        ``stamp`` (by default, its slot's current one), which must be a write's; within
+        ``max_staleness``; not expired; not distrusted. A disk that fails answers nothing.
+        (What :meth:`_on_disk` answers, with nothing built: every read of an outage runs
+        it.)"""
         if stamp is None:
             stamp = self.stamps.current(key)
-        if not holds_value(stamp):
+        if not stamp & 1:  # not holds_value(stamp), inline
             return None  # deleted, or never written: no entry answers, no need to look
         try:
             found = self.disk.read(key, stamp)
         except DiskError as exc:
             self._disk_failed(None, exc)
             return None
-        if found is None or not self._answers(key, found[2], found[3], time.time()):
+        if found is None:
+            return None
+        written_at = found[2]
+        expire_at = found[3]
+        now = time.time()
+        if (
+            now - written_at > self.max_staleness
+            or (expire_at is not None and expire_at <= now)
+            or not self.states.trusts(key, written_at)
+        ):
             return None
         return found
 
