@@ -22,7 +22,7 @@ from ..errors import CommandError, ConnectionLostError, FastCacheError, InvalidA
 from ..protocol import Item, ReplyKind, Status, get_command, validate_key
 from . import forksafe
 from .address import Address
-from .batching import GetBatcher  # at import: a first get must not need a file (see Lane)
+from .batching import GetBatcher, Round  # at import: a first get must not need a file (see Lane)
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection
@@ -166,7 +166,8 @@ class Client(CommandSet):
 
     def _create_lanes(self) -> list[Lane]:
         pools = self._pools()
-        lanes = [Lane(pool) for pool in pools]
+        round = Round(pools[0].loop)  # every node's batches go in rounds together
+        lanes = [Lane(pool, round) for pool in pools]
         with self._lock:
             for old_loop in [lp for lp in self._lanes_by_loop if lp.is_closed()]:
                 del self._lanes_by_loop[old_loop]

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import TYPE_CHECKING
 
 from .connection import Connection
 from .pool import Pool
+
+if TYPE_CHECKING:
+    from .batching import Round
 
 #: Requests in flight on one connection before another connection is preferred.
 PIPELINE_DEPTH = 16
@@ -68,12 +72,15 @@ class Lane:
 
     __slots__ = ("get", "gets", "pool", "shared")
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, round: Round | None = None) -> None:
         # Late (batching imports this module); client.py imports it at start, so that a
         # first get needs no file (an import may fail once descriptors run out).
-        from .batching import GetBatcher
+        from .batching import GetBatcher, Round
+
+        if round is None:
+            round = Round(pool.loop)
 
         self.pool = pool
         self.shared = SharedConnections(pool)
-        self.get = GetBatcher(pool)
-        self.gets = GetBatcher(pool, cas=True)
+        self.get = GetBatcher(pool, round=round)
+        self.gets = GetBatcher(pool, cas=True, round=round)

@@ -64,6 +64,16 @@ _DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1 AND filename IS NULL"
 
 #: A disk entry's fields, as :class:`DiskEntry` names them.
 Fields = tuple[bytes, int, float, float | None, int]
+
+#: Writes a group commit handles in Python between two releases of the GIL. The writer
+#: behind shares the GIL with the request threads; a request thread back from memcached
+#: waits for the writer's Python work in progress (up to the 5 ms switch interval, longer
+#: when the writer is preempted while holding it), so the writer hands it over often.
+YIELD_EVERY = 32
+
+#: Releases the GIL for a moment (a waiting request thread takes it).
+_yield_gil = functools.partial(time.sleep, 0)
+
 #: A write behind: (key, stamp, data or None for a delete, flags, expire_at, written_at).
 Landing = tuple[bytes, int, bytes | None, int, float | None, float]
 
@@ -323,13 +333,18 @@ class DiskStore:
         lock is held) is still the write's stamp: one overtaken by a newer write or delete
         of its slot is skipped (so is an earlier write of a key written again in the same
         batch). Returns (landed, skipped)."""
-        latest: dict[bytes, Landing] = {}
-        for write in writes:
-            latest[write[0]] = write
-        by_shard: dict[int, list[Landing]] = {}
-        for key, write in latest.items():
-            by_shard.setdefault(self.shard_of(key), []).append(write)
+        latest = {write[0]: write for write in writes}
         shards = self._shards_now()
+        by_shard: dict[int, list[Landing]] = {}
+        count = len(shards)
+        for done, (key, write) in enumerate(latest.items(), 1):
+            if type(key) is bytes:
+                index = (zlib.adler32(key) & 0xFFFFFFFF) % count  # shard_of, inlined
+            else:
+                index = self.shard_of(key)
+            by_shard.setdefault(index, []).append(write)
+            if not done % YIELD_EVERY:
+                _yield_gil()
         landed = 0
         skipped = len(writes) - len(latest)
         for index in sorted(by_shard):
@@ -344,7 +359,9 @@ class DiskStore:
                     now = time.time()
                     upserts: list[tuple[bytes, float, float | None, float, bytes]] = []
                     deletes: list[tuple[bytes]] = []
-                    for write in by_shard[index]:
+                    for done, write in enumerate(by_shard[index], 1):
+                        if not done % YIELD_EVERY:
+                            _yield_gil()
                         key, stamp, data, flags, expire_at, written_at = write
                         if current(key) != stamp:
                             skipped += 1

@@ -602,6 +602,109 @@ def test_a_held_batch_whose_callers_are_cancelled_sends_nothing(
     assert get_lines(fake) == [b"get k1", b"get k3"]
 
 
+# -- rounds: a node's next batch waits for the other nodes' batches in flight -------------
+
+
+def keys_by_node(client: Client) -> tuple[list[bytes], list[bytes]]:
+    """VALUES' keys of the client's first and second node."""
+    nodes: tuple[list[bytes], list[bytes]] = ([], [])
+    for key in sorted(VALUES):
+        nodes[client.cluster.node_index(key)].append(key)
+    return nodes
+
+
+def test_gets_for_an_idle_node_wait_for_the_round_in_flight_then_go_together(
+    run: Callable[[Awaitable[Any]], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_fastcache.client import batching
+
+    monkeypatch.setattr(batching, "HOLD_LIMIT", 30.0)  # the slow reply ends the round
+    with FakeMemcached(values=VALUES) as one, FakeMemcached(values=VALUES) as two:
+        one.script(Action.SLOW)
+
+        async def scenario() -> tuple[list[Any], list[bytes], list[bytes]]:
+            client = Client([one.location, two.location], timeout=5.0)
+            on_one, on_two = keys_by_node(client)
+            try:
+                first = asyncio.ensure_future(client.get(on_one[0]))
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # on the wire
+                later = [asyncio.ensure_future(client.get(on_two[0]))]
+                await asyncio.sleep(0)  # held by the round, not sent
+                later.append(asyncio.ensure_future(client.get(on_two[1])))
+                later.append(asyncio.ensure_future(client.get(on_two[0])))
+                return await asyncio.gather(first, *later), on_one[:1], on_two[:2]
+            finally:
+                await client.aclose()
+
+        results, on_one, on_two = run(scenario())
+        assert results == [Item(k, VALUES[k], 0, None) for k in on_one + on_two + on_two[:1]]
+        assert get_lines(one) == [b"get " + on_one[0]]
+        assert get_lines(two) == [b"get " + b" ".join(on_two)]  # one batch, once the round ended
+
+
+def test_a_node_that_never_answers_holds_the_other_nodes_gets_no_longer_than_the_limit(
+    run: Callable[[Awaitable[Any]], Any],
+) -> None:
+    with FakeMemcached(values=VALUES) as one, FakeMemcached(values=VALUES) as two:
+        one.script(Action.IGNORE)
+
+        async def scenario() -> tuple[Any, Any, Any]:
+            client = Client([one.location, two.location], timeout=2.0)
+            on_one, on_two = keys_by_node(client)
+            try:
+                stuck = asyncio.ensure_future(client.get(on_one[0]))
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # on the wire, never answered
+                held = asyncio.ensure_future(client.get(on_two[0]))
+                done, _ = await asyncio.wait({stuck, held}, return_when=asyncio.FIRST_COMPLETED)
+                # The round ended early: the next get for the healthy node goes at once.
+                after = await client.get(on_two[1])
+                answered_first = done == {held}
+                outcome = (await asyncio.gather(stuck, return_exceptions=True))[0]
+                return answered_first, (held.result(), after), outcome
+            finally:
+                await client.aclose()
+
+        answered_first, items, outcome = run(scenario())
+        on_two = keys_by_node(Client([one.location, two.location]))[1]
+        assert answered_first  # long before the stuck get's timeout
+        assert items == tuple(Item(k, VALUES[k], 0, None) for k in on_two[:2])
+        assert isinstance(outcome, OperationTimeoutError)
+
+
+def test_a_get_held_by_the_round_and_cancelled_sends_nothing(
+    run: Callable[[Awaitable[Any]], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_fastcache.client import batching
+
+    monkeypatch.setattr(batching, "HOLD_LIMIT", 30.0)
+    with FakeMemcached(values=VALUES) as one, FakeMemcached(values=VALUES) as two:
+        one.script(Action.SLOW)
+
+        async def scenario() -> tuple[Any, Any, bytes]:
+            client = Client([one.location, two.location], timeout=5.0)
+            on_one, on_two = keys_by_node(client)
+            try:
+                first = asyncio.ensure_future(client.get(on_one[0]))
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # on the wire
+                held = asyncio.ensure_future(client.get(on_two[0]))
+                await asyncio.sleep(0)  # held by the round
+                held.cancel()
+                await asyncio.gather(held, return_exceptions=True)
+                answered = await first
+                # The round is over: a get for the second node goes, alone, at once.
+                return answered, await client.get(on_two[1]), on_two[1]
+            finally:
+                await client.aclose()
+
+        answered, after, key = run(scenario())
+        assert answered is not None
+        assert after == Item(key, VALUES[key], 0, None)
+        assert get_lines(two) == [b"get " + key]
+
+
 def test_a_caller_cancelled_as_the_reply_arrives_is_skipped_and_the_others_answered() -> None:
     # The race no scenario can time: a caller's future is cancelled (its task was
     # cancelled) in the turn its batch's reply is read, before its task could tell the
