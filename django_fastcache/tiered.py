@@ -46,6 +46,7 @@ from .client.commands import CommandSet
 from .client.failures import refusal_error
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
 from .disk.stamps import WriteStamps, holds_value
+from .disk.store import Fields
 from .disk.writebehind import INTERVAL, WriteBehind
 from .errors import (
     CommandError,
@@ -233,41 +234,42 @@ class TieredStore:
             self.stamps.bump(key, gone=True)
 
     # -- disk entries --------------------------------------------------------------------
-    def _fresh(
-        self, key: bytes, entry: DiskEntry | None, now: float, stamp: int | None = None
-    ) -> DiskEntry | None:
-        """``entry`` if it may answer now: written under ``stamp`` (by default, its slot's
-        current one), within ``max_staleness``, not expired, not distrusted."""
-        if entry is None:
-            return None
+    def _answering(self, key: bytes, stamp: int | None = None) -> Fields | None:
+        """The fields of the key's disk entry if it may answer now: written under
+        ``stamp`` (by default, its slot's current one), which must be a write's; within
+        ``max_staleness``; not expired; not distrusted. A disk that fails answers nothing.
+        (What :meth:`_on_disk` answers, with nothing built: every read of an outage runs
+        it.)"""
         if stamp is None:
             stamp = self.stamps.current(key)
-        if (
-            entry.stamp != stamp
-            or not holds_value(stamp)
-            or now - entry.written_at > self.max_staleness
-            or (entry.expire_at is not None and entry.expire_at <= now)
-            or not self.states.trusts(key, entry.written_at)
-        ):
-            return None
-        return entry
-
-    def _on_disk(self, key: bytes, stamp: int | None = None) -> DiskEntry | None:
-        """The key's disk entry if it answers (under ``stamp``, by default the current
-        one); a disk that fails answers nothing."""
-        if stamp is None:
-            stamp = self.stamps.current(key)
-        if not holds_value(stamp):
+        if not stamp & 1:  # not holds_value(stamp), inline
             return None  # deleted, or never written: no entry answers, no need to look
         try:
-            return self._fresh(key, self.disk.get(key), time.time(), stamp)
+            found = self.disk.read(key, stamp)
         except DiskError as exc:
             self._disk_failed(None, exc)
             return None
+        if found is None:
+            return None
+        written_at = found[2]
+        expire_at = found[3]
+        now = time.time()
+        if (
+            now - written_at > self.max_staleness
+            or (expire_at is not None and expire_at <= now)
+            or not self.states.trusts(key, written_at)
+        ):
+            return None
+        return found
+
+    def _on_disk(self, key: bytes, stamp: int | None = None) -> DiskEntry | None:
+        """The key's disk entry if it answers (see :meth:`_answering`)."""
+        found = self._answering(key, stamp)
+        return None if found is None else DiskEntry._make(found)
 
     def _disk_read(self, key: bytes) -> tuple[bytes, int] | None:
-        entry = self._on_disk(key)
-        return None if entry is None else (entry.data, entry.flags)
+        found = self._answering(key)
+        return None if found is None else (found[0], found[1])
 
     def _queue(
         self, key: bytes, stamp: int, data: bytes | None, flags: int, ttl: float | None, now: float
@@ -364,7 +366,8 @@ class TieredStore:
                     return None  # deleted, or never written: no disk entry answers
                 return run_blocking(self._answer_miss(self.blocking, key, node))
         self.metrics.fallbacks += 1
-        return self._disk_read(key)
+        entry = self._answering(key)  # (_disk_read, inline: every read of an outage)
+        return None if entry is None else (entry[0], entry[1])
 
     async def get(self, client: CommandSet, key: bytes) -> tuple[bytes, int] | None:
         node = self.cluster.node_index(key)

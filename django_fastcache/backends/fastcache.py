@@ -270,9 +270,9 @@ class FastCache(BaseCache):
                     " risk the security page of the docs describes)."
                 )
         self._stack: Shared | None = None  # no I/O in __init__: built on first use
-        # Wire keys of recent str keys at the default version: making, encoding and
-        # checking a key costs more than looking it up.
-        self._wire_keys: dict[str, bytes] = {}
+        # Wire keys of recent str (and bytes) keys at the default version: making,
+        # encoding and checking a key costs more than looking it up.
+        self._wire_keys: dict[str | bytes, bytes] = {}
         # memcached's exptime for the default timeout, when it is a plain relative one.
         self._default_exptime: int | None = None
         default = self.default_timeout
@@ -317,7 +317,7 @@ class FastCache(BaseCache):
 
     def wire_key(self, key: Any, version: int | None = None) -> bytes:
         """The key as sent to memcached: prefixed, versioned, UTF-8, validated."""
-        if version is None and type(key) is str:
+        if version is None and (type(key) is str or type(key) is bytes):
             known = self._wire_keys.get(key)
             if known is not None:
                 return known

@@ -55,13 +55,15 @@ _UPSERT = (
     " value = excluded.value WHERE Cache.filename IS NULL"
 )
 
-_SELECT = (
-    "SELECT expire_time, mode, filename, value FROM Cache WHERE key = ? AND raw = 1"
-    " AND (expire_time IS NULL OR expire_time > ?)"
-)
-_MODE_RAW = diskcache.core.MODE_RAW
+# A read takes the two columns it needs (each more column costs, per read): a row kept in
+# the database holds the bytes (mode raw: the tier writes nothing else there); one whose
+# value is NULL holds a file, read by diskcache's own get. Expiry is checked on the row.
+_SELECT = "SELECT value, expire_time FROM Cache WHERE key = ? AND raw = 1"
 
 _DELETE = "DELETE FROM Cache WHERE key = ? AND raw = 1 AND filename IS NULL"
+
+#: A disk entry's fields, as :class:`DiskEntry` names them.
+Fields = tuple[bytes, int, float, float | None, int]
 
 #: Writes a group commit handles in Python between two releases of the GIL. The writer
 #: behind shares the GIL with the request threads; a request thread back from memcached
@@ -110,13 +112,6 @@ class DiskEntry(NamedTuple):
 
 def _encode(data: bytes, flags: int, written_at: float, stamp: int = 0) -> bytes:
     return _HEADER.pack(flags, written_at, stamp) + data
-
-
-def _decode(raw: bytes, expire_at: float | None) -> DiskEntry | None:
-    if len(raw) < _HEADER.size:
-        return None  # not of this format (an older version's entry): it never answers
-    flags, written_at, stamp = _HEADER.unpack_from(raw)
-    return DiskEntry(raw[_HEADER.size :], flags, written_at, expire_at, stamp)
 
 
 class DiskStore:
@@ -249,44 +244,66 @@ class DiskStore:
             with self._failures("commit"):
                 transaction.__exit__(None, None, None)
 
-    def _reader(self, index: int) -> Any:
-        """This thread's SQLite connection to shard ``index`` (diskcache's own), kept
-        without diskcache's process check per call: the shards are made anew after a
-        fork or :meth:`close`, and the connections kept with them."""
-        shards = self._shards_now()
+    def _reader(self, key: bytes) -> Any:
+        """A cursor of this thread's SQLite connection to ``key``'s shard (diskcache's
+        own), kept without diskcache's process check per call: the shards are made anew
+        after a fork or :meth:`close`, and the cursors kept with them. (On the read path:
+        the shard is found here, in one call, and one cursor serves every read.)"""
+        shards = self._shards
+        if not shards or self._pid != _current_pid:
+            shards = self._shards_now()
         local = self._local
         if getattr(local, "shards", None) is not shards:
-            local.shards, local.connections = shards, {}
-        connections: dict[int, Any] = local.connections
-        con = connections.get(index)
-        if con is None:
-            con = connections[index] = shards[index]._con
-        return con
+            local.shards, local.cursors = shards, {}
+        cursors: dict[int, Any] = local.cursors
+        if type(key) is bytes:
+            index = (zlib.adler32(key) & 0xFFFFFFFF) % len(shards)  # as shard_of says
+        else:
+            index = self.shard_of(key)
+        cursor = cursors.get(index)
+        if cursor is None:
+            cursor = cursors[index] = shards[index]._con.cursor()
+        return cursor
 
     # -- operations ----------------------------------------------------------------------
-    # get and set are on the request path: plain try blocks, no context manager per call.
+    # get, read and set are on the request path: plain try blocks, no context manager per
+    # call.
     def get(self, key: bytes) -> DiskEntry | None:
+        found = self.read(key)
+        return None if found is None else DiskEntry._make(found)
+
+    def read(self, key: bytes, stamp: int | None = None) -> Fields | None:
+        """The fields of ``key``'s unexpired entry (those of :class:`DiskEntry`, as a plain
+        tuple), or None; with ``stamp``, None also for an entry written under another
+        stamp. The read path's :meth:`get`: an entry that cannot answer costs no object
+        built."""
         try:
             if self._plain_reads:
                 # diskcache's own get, as it runs for an eviction policy that records no
                 # access (its fast path), for a row with no file of its own.
-                index = self.shard_of(key)
                 forkgate.enter()  # inside SQLite: no fork meanwhile (see forkgate)
                 try:
-                    rows = self._reader(index).execute(_SELECT, (key, time.time())).fetchall()
+                    rows = self._reader(key).execute(_SELECT, (key,)).fetchall()
                 finally:
                     forkgate.leave()
                 if not rows:
                     return None
-                ((expire_at, mode, filename, raw),) = rows
-                if mode == _MODE_RAW and filename is None:
-                    return _decode(raw, expire_at)
-            raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
+                ((raw, expire_at),) = rows
+                if raw is None:  # a file of its own
+                    raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
+                elif expire_at is not None and expire_at <= time.time():
+                    return None
+            else:
+                raw, expire_at = self._shard(key).get(key, expire_time=True, retry=False)
+            if raw is None or len(raw) < _HEADER.size:
+                return None  # none, or not of this format (an older version's): never answers
+            # (Inside the try: a corrupt file can hand back a row of any type.)
+            flags, written_at, written_under = _HEADER.unpack_from(raw)
         except Exception as exc:
             raise DiskError(f"disk tier read failed: {type(exc).__name__}: {exc}") from exc
-        if raw is None:
+        if stamp is not None and written_under != stamp:
             return None
-        return _decode(raw, expire_at)
+        return raw[_HEADER.size :], flags, written_at, expire_at, written_under
 
     def set(
         self,
