@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
+import struct
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -556,6 +558,75 @@ def test_waiting_for_a_connection_counts_against_the_timeout() -> None:
         first, second = asyncio.run(scenario())
     assert first < timeout + 1.0
     assert second < timeout + 1.0
+
+
+#: A slow connect's share of the blocking client's timeout (1 s) in the tests below.
+SLOW_CONNECT = 0.5
+
+
+@pytest.fixture
+def slow_connects(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every connect takes ``SLOW_CONNECT`` seconds more; returns, as they are set, the
+    receive timeouts (``SO_RCVTIMEO``, what a read then waits at most) given to the kernel.
+    Checked on the socket, not by the clock: load on the machine cannot change them."""
+    connect, setsockopt = socket.socket.connect, socket.socket.setsockopt
+    receive_timeouts: list[float] = []
+
+    def slow(sock: socket.socket, address: Any) -> None:
+        connect(sock, address)
+        time.sleep(SLOW_CONNECT)  # the connect is slow, its time part of the call's
+
+    def recording(sock: socket.socket, level: int, option: int, value: Any) -> None:
+        if (level, option) == (socket.SOL_SOCKET, socket.SO_RCVTIMEO):
+            seconds, microseconds = struct.unpack("@ll", value)
+            receive_timeouts.append(seconds + microseconds / 1e6)
+        setsockopt(sock, level, option, value)
+
+    monkeypatch.setattr(socket.socket, "connect", slow)
+    monkeypatch.setattr(socket.socket, "setsockopt", recording)
+    return receive_timeouts
+
+
+@pytest.mark.parametrize("call", ["value_now", "store_now", "get_many"])
+def test_a_slow_connect_counts_against_the_timeout(call: str, slow_connects: list[float]) -> None:
+    """The blocking client's call opens its connection, slowly, to a server that never
+    answers: the read waits only for what the connect left of the call's timeout (given
+    the whole timeout, the call would end ``SLOW_CONNECT`` past its deadline)."""
+    timeout = 1.0
+    with FakeMemcached(values=VALUES, default=Action.IGNORE) as silent:
+        settings = ClientSettings(timeout=timeout, connect_timeout=timeout)
+        client = BlockingClient(Cluster([silent.location], settings))
+        calls: dict[str, Callable[[], object]] = {
+            "value_now": lambda: client.value_now(b"a"),
+            "store_now": lambda: client.store_now(b"set", b"a", b"1", 0, 0),
+            "get_many": lambda: run_blocking(client.get_many([b"a", b"b"])),
+        }
+        try:
+            with pytest.raises(OperationTimeoutError):
+                calls[call]()
+        finally:
+            client.close_thread_connections()
+        assert silent.wait_for(lambda: len(silent.requests) == 1)  # sent, never answered
+    # The connection's own timeout, set as it was opened; then at most what was left.
+    assert slow_connects[0] == pytest.approx(timeout, abs=1e-3)
+    assert slow_connects[-1] <= timeout - SLOW_CONNECT
+
+
+def test_a_noreply_set_on_a_new_connection_leaves_the_next_call_its_whole_timeout(
+    fake: FakeMemcached, slow_connects: list[float]
+) -> None:
+    """A noreply request has no reply to restore the timeout its slow connect shortened:
+    the connection's next read must not inherit what was left of that call's."""
+    timeout = 1.0
+    settings = ClientSettings(timeout=timeout, connect_timeout=timeout)
+    client = BlockingClient(Cluster([fake.location], settings))
+    try:
+        run_blocking(client.set(b"x", b"1", noreply=True))
+        assert slow_connects[-1] == pytest.approx(timeout, abs=1e-3)
+        assert client.value_now(b"x") == (b"1", 0)  # the same connection, in step
+    finally:
+        client.close_thread_connections()
+    assert connections_of_requests(fake) == [1, 1]
 
 
 def test_several_stopped_nodes_share_one_timeout(run: Runner) -> None:
