@@ -415,9 +415,13 @@ def test_a_set_slowed_in_flight_racing_a_delete_leaves_the_tiers_in_step(
         try:
             incremented = quick.incr("counter")
         except ValueError:
-            # The set held the key's lock until memcached answered, so the delete came
-            # after it: the key is gone from both tiers, and stays gone in an outage.
-            assert disk.get(wire) is None
+            # The set reached memcached before the delete: the key is gone from memcached,
+            # and once the writes behind have landed (each cache has its own writer, in
+            # either order), no disk entry of it answers (removed, or under a stamp the
+            # delete moved on from); it stays gone in an outage.
+            landed(slow)
+            landed(quick)
+            assert quick._shared().tiered._on_disk(wire) is None
             server.kill()
             assert quick.get("counter") is None
             return
