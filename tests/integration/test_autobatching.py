@@ -31,7 +31,9 @@ pytestmark = [pytest.mark.integration]
 
 T = TypeVar("T")
 
-TIMEOUT = 0.5
+#: The client's timeout: long enough for a server thread starved of CPU on a loaded
+#: machine to answer a call that must succeed.
+TIMEOUT = 1.0
 #: The outer bound on a scenario: a waiter still waiting by then has hung.
 HANG = 10.0
 
@@ -295,11 +297,11 @@ def test_waiting_for_a_busy_pool_is_bounded_by_the_timeout(
     fake.script(Action.IGNORE)
 
     async def scenario() -> list[Any]:
-        # The set's own deadline comes a whole TIMEOUT after the gets': with equal timeouts
+        # The set's own deadline comes two seconds after the gets': with equal timeouts
         # the set timed out just before them, and the slot it freed could let the batch
-        # connect and be answered in time. Its timer now fires after theirs, however late
-        # the loop runs.
-        client = Client([fake.location], timeout=2 * TIMEOUT, max_connections=1)
+        # connect and be answered in time. Its timer now fires after theirs, and not in
+        # the same turn of the loop unless the loop stalls for that long.
+        client = Client([fake.location], timeout=TIMEOUT + 2.0, max_connections=1)
         try:
             hung = asyncio.ensure_future(client.set(b"x", b"y"))
             await asyncio.sleep(0)  # the set takes the connection, with its deadline
