@@ -85,6 +85,11 @@ def memcached(_memcached_processes: MemcachedCluster) -> MemcachedServer:
 
 # -- the disk tier -------------------------------------------------------------------------
 
+#: Seconds a test waits, at most, for the writer behind to land what is queued
+#: (``TieredStore.flush``): a bound on waiting for a condition, loose because a loaded
+#: machine can take seconds over it; never a measure of speed.
+LANDING_WAIT = 30.0
+
 #: OPTIONS of a FastCache over memcached alone.
 MEMCACHED_ONLY: dict[str, Any] = {"disk_tier": False}
 

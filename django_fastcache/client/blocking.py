@@ -635,6 +635,9 @@ class BlockingClient(CommandSet):
             by_node[node] = connection
             connection.used = deadline
             self._count(node, connection)
+            # The connect used part of the call's timeout: the first read waits only for
+            # what is left (the reply restores the connection's own timeout).
+            connection.bound(deadline)
         return connection
 
     def _discard(self, node: int) -> None:
@@ -895,6 +898,9 @@ class BlockingClient(CommandSet):
         except FastCacheError:
             self._discard(node)
             raise
+        # No reply to restore the timeout a new connection's connect (or a long send)
+        # shortened: the next request's first read must have all of its own.
+        connection._restore_kernel_timeout()
 
     async def _pipelines(self, requests: Requests, expected: Expected | None = None) -> Replies:
         results: Replies = {}

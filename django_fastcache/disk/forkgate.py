@@ -58,7 +58,8 @@ class Closable(Protocol):
 
 
 #: Every connection the disk tier opened, by (owner, thread; 0 for one shared by every
-#: thread): the owner (weakly), the thread (weakly; None when shared), the connection.
+#: thread): the owner (weakly), the thread's :class:`_Calls` (weakly: gone when the thread
+#: ended; None when shared), the connection.
 _open: dict[tuple[int, int], tuple[weakref.ref[Any], weakref.ref[Any] | None, Closable]] = {}
 #: Taken by the fork hook: every held connection, referenced across the fork.
 _at_fork: list[Closable] | None = None
@@ -75,10 +76,12 @@ def hold(owner: object, connection: Closable, *, shared: bool = False) -> None:
         if shared:
             key, thread = (id(owner), 0), None
         else:
-            key, thread = (
-                (id(owner), threading.get_ident()),
-                weakref.ref(threading.current_thread()),
-            )
+            # The thread's own record of its calls (held by its threading.local, as the
+            # thread's state holds that) goes when the thread ends, whoever started it:
+            # a thread not started by threading (by C code) is a "dummy" Thread, which
+            # stays alive for ever as far as is_alive() says.
+            calls: _Calls = _local.calls
+            key, thread = (id(owner), threading.get_ident()), weakref.ref(calls)
         previous = _open.get(key)
         _open[key] = (weakref.ref(owner), thread, connection)
         if previous is not None and previous[2] is not connection:
@@ -105,8 +108,7 @@ def _close(connection: Closable) -> None:
 
 
 def _ended(thread: weakref.ref[Any]) -> bool:
-    alive = thread()
-    return alive is None or not alive.is_alive()
+    return thread() is None
 
 
 class _Calls:

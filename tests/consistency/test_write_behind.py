@@ -32,7 +32,7 @@ from django_fastcache.bridge import run_blocking
 from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.testing.servers import MemcachedServer
 from django_fastcache.tiered import TieredStore
-from tests.conftest import forget_stacks
+from tests.conftest import LANDING_WAIT, forget_stacks
 
 from .checker import ADD, DELETE, GET, INCR, INVALIDATE, SET, STALE_NOTHING, Op, check
 
@@ -189,7 +189,7 @@ def test_a_write_or_delete_racing_a_refill_wins(
     log = Log()
     reader, writer = make(server.location, directory, 0), make(server.location, directory, 1)
     log.set(writer, 1, "k", 1)
-    assert tier(writer).flush()
+    assert tier(writer).flush(LANDING_WAIT)
     server.flush()  # memcached lost it: the next read is answered from disk and refilled
 
     def write_meanwhile() -> None:
@@ -220,7 +220,7 @@ def test_a_write_landing_between_the_miss_and_the_lease_is_not_undone(
     log = Log()
     reader, writer = make(server.location, directory, 0), make(server.location, directory, 1)
     log.set(writer, 1, "k", 1)
-    assert tier(writer).flush()
+    assert tier(writer).flush(LANDING_WAIT)
     server.flush()
     store = tier(reader)
     blocking = store.blocking
@@ -266,8 +266,8 @@ def test_a_write_or_delete_landing_while_get_or_set_computes_wins(
             log.delete(other, 1, "k")
 
     assert log.get_or_set(cache, 0, "k", 3, write_meanwhile) == 3
-    assert tier(cache).flush()
-    assert tier(other).flush()
+    assert tier(cache).flush(LANDING_WAIT)
+    assert tier(other).flush(LANDING_WAIT)
     seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
     server.flush()  # the disk answers now
     seen += [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
@@ -294,8 +294,8 @@ def test_an_add_landing_while_get_or_set_computes_wins(
         added.append(took)
 
     assert log.get_or_set(cache, 0, "k", 3, add_meanwhile) == 3
-    assert tier(cache).flush()
-    assert tier(other).flush()
+    assert tier(cache).flush(LANDING_WAIT)
+    assert tier(other).flush(LANDING_WAIT)
     seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
     server.flush()  # the disk answers now
     seen += [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
@@ -326,8 +326,8 @@ def test_a_set_stamped_before_a_lease_store_but_landing_after_it_wins_on_disk_to
     finally:
         store.blocking = blocking
     assert tier(cache).metrics.leased_stores == 1
-    assert tier(cache).flush()
-    assert store.flush()
+    assert tier(cache).flush(LANDING_WAIT)
+    assert store.flush(LANDING_WAIT)
     seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
     server.flush()  # the disk answers now
     seen += [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
@@ -376,8 +376,8 @@ def test_a_write_landing_after_one_stamped_later_leaves_the_key_missing_on_disk(
             log.delete(other, 1, "k")
     finally:
         store.blocking = blocking
-    assert tier(cache).flush()
-    assert store.flush()
+    assert tier(cache).flush(LANDING_WAIT)
+    assert store.flush(LANDING_WAIT)
     last = 2 if outer == "set" else None
     seen = [log.get(each, process, "k") for process, each in ((0, cache), (1, other))]
     assert seen == [last, last]  # memcached's order: the outer write landed last
@@ -421,8 +421,8 @@ def test_an_async_write_landing_after_a_set_stamped_later_leaves_the_key_missing
         last = 4
     if last is not None:
         log.record(Op(0, SET, "k", last, start, time.monotonic_ns(), True))
-    assert store.flush()
-    assert tier(other).flush()
+    assert store.flush(LANDING_WAIT)
+    assert tier(other).flush(LANDING_WAIT)
     assert [log.get(each, process, "k") for process, each in ((0, cache), (1, other))] == [
         last,
         last,
@@ -444,7 +444,7 @@ def test_an_add_racing_another_process_refill_is_refused(
     log = Log()
     reader, adder = make(server.location, directory, 0), make(server.location, directory, 1)
     log.set(reader, 0, "k", 1)
-    assert tier(reader).flush()
+    assert tier(reader).flush(LANDING_WAIT)
     server.flush()
     added: list[bool] = []
 
@@ -490,13 +490,13 @@ def test_a_process_on_a_deleted_directory_misses_rather_than_answering_its_old_c
     maintenance.unregister(store)  # the test moves P itself, after its read
     try:
         log.set(older, 0, "k", 1)
-        assert store.flush()
+        assert store.flush(LANDING_WAIT)
         server.flush()
         assert log.get(older, 0, "k") == 1  # from disk: P's reading connection is open
         shutil.rmtree(directory)
         newer = make(server.location, directory, 1)
         log.set(newer, 1, "k", 2)
-        assert tier(newer).flush()
+        assert tier(newer).flush(LANDING_WAIT)
         server.flush()
         store.states._next_check = 0.0  # P's next read from disk checks the files
         assert log.get(older, 0, "k") is None  # not 1, from the removed files
@@ -507,7 +507,7 @@ def test_a_process_on_a_deleted_directory_misses_rather_than_answering_its_old_c
         for process, each in ((0, older), (1, newer)):
             assert log.get(each, process, "k") is None  # written before P moved
         log.set(older, 0, "k", 3)
-        assert store.flush()
+        assert store.flush(LANDING_WAIT)
         server.flush()
         for process, each in ((0, older), (1, newer)):
             assert log.get(each, process, "k") == 3
@@ -534,13 +534,13 @@ def test_a_write_by_a_process_on_a_deleted_directory_may_be_lost_until_it_moves(
     maintenance.unregister(store)  # P does not move during the test
     try:
         log.set(older, 0, "k", 1)
-        assert store.flush()
+        assert store.flush(LANDING_WAIT)
         shutil.rmtree(directory)
         newer = make(server.location, directory, 1)
         log.set(newer, 1, "k", 2)
-        assert tier(newer).flush()
+        assert tier(newer).flush(LANDING_WAIT)
         log.set(older, 0, "k", 3)  # acknowledged; stamped and landed in the removed files
-        assert store.flush()
+        assert store.flush(LANDING_WAIT)
         server.flush()
         log.get(newer, 1, "k")  # 2: older than P's acknowledged 3
     finally:
@@ -559,10 +559,10 @@ def test_a_write_behind_landing_after_a_newer_one_is_skipped(
     tier(slow).behind.pause()
     log.set(slow, 0, "k", 1)  # acknowledged, its disk copy held back
     log.set(fast, 1, "k", 2)  # newer, landed at once
-    assert tier(fast).flush()
+    assert tier(fast).flush(LANDING_WAIT)
     skipped = tier(slow).behind.skipped
     tier(slow).behind.resume()
-    assert tier(slow).flush()  # the older copy comes last...
+    assert tier(slow).flush(LANDING_WAIT)  # the older copy comes last...
     assert tier(slow).behind.skipped == skipped + 1  # ...and is skipped
     server.flush()
     for process, cache in ((0, slow), (1, fast)):
@@ -582,7 +582,7 @@ def _killed_with_writes_queued(location: str, directory: str, ready: Any) -> Non
     store = cache._shared().tiered  # type: ignore[attr-defined]
     started = time.monotonic_ns()
     cache.set("k", 1, timeout=None)
-    assert store.flush()
+    assert store.flush(LANDING_WAIT)
     first = (started, time.monotonic_ns())
     store.behind.pause()
     started = time.monotonic_ns()
@@ -623,7 +623,7 @@ def test_an_outage_starting_with_writes_queued_misses_until_they_land(
     cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
     log.set(cache, 0, "a", 1)
     log.set(cache, 0, "b", 1)
-    assert tier(cache).flush()
+    assert tier(cache).flush(LANDING_WAIT)
     tier(cache).behind.pause()
     log.set(cache, 0, "a", 2)  # acknowledged, held back
     log.set(cache, 0, "b", 2)  # acknowledged, held back
@@ -635,7 +635,7 @@ def test_an_outage_starting_with_writes_queued_misses_until_they_land(
     assert log.get(cache, 0, "a") is None
     assert log.get(cache, 0, "b") == 3
     tier(cache).behind.resume()
-    assert tier(cache).flush()
+    assert tier(cache).flush(LANDING_WAIT)
     # a's copy landed; b's queued copy was overtaken by the journaled write: skipped.
     assert log.get(other, 1, "a") == 2
     assert log.get(cache, 0, "b") == 3
@@ -656,13 +656,13 @@ def test_add_and_incr_count_on_across_a_memcached_restart(
     log.record(Op(0, SET, "hits", 0, start, time.monotonic_ns(), True))
     for expected in range(1, 6):
         assert log.incr(cache, 0, "hits") == expected
-    assert tier(cache).flush()
+    assert tier(cache).flush(LANDING_WAIT)
     server.restart()  # empty
     # add finds the count the disk still holds, as get would: it does not start again at 0.
     assert cache.add("hits", 0) is False
     assert log.incr(cache, 0, "hits") == 6
     assert log.get(cache, 0, "hits") == 6
-    assert tier(cache).flush()
+    assert tier(cache).flush(LANDING_WAIT)
     server.restart()
     assert log.incr(make(server.location, directory, 1), 1, "hits") == 7
     assert log.get(cache, 0, "hits") == 7
@@ -677,7 +677,7 @@ def test_an_add_over_a_value_only_the_disk_holds_never_shows_its_own(
     log = Log()
     cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
     log.set(cache, 0, "hits", 5)
-    assert tier(cache).flush()
+    assert tier(cache).flush(LANDING_WAIT)
     server.restart()
     seen: list[Any] = []
 
@@ -713,8 +713,8 @@ def test_a_write_or_delete_racing_an_adds_lease_wins(
     # the stub: the add takes a new lease and stores (it comes after the delete).
     assert added is (racer == "delete")
     expected = 2 if racer == "set" else 1
-    assert tier(cache).flush()
-    assert tier(other).flush()
+    assert tier(cache).flush(LANDING_WAIT)
+    assert tier(other).flush(LANDING_WAIT)
     for process, each in ((0, cache), (1, other)):
         assert log.get(each, process, "k") == expected
     server.restart()  # the disk answers now: the same value
@@ -729,14 +729,14 @@ def test_a_counter_whose_increments_had_not_landed_misses_rather_than_going_back
     log = Log()
     cache = make(server.location, directory, 0)
     log.set(cache, 0, "hits", 10)
-    assert tier(cache).flush()
+    assert tier(cache).flush(LANDING_WAIT)
     tier(cache).behind.pause()
     assert log.incr(cache, 0, "hits") == 11  # acknowledged, its disk copy held back
     server.restart()
     assert log.get(cache, 0, "hits") is None  # not 10
     assert log.incr(cache, 0, "hits") is None  # missing, not 11
     tier(cache).behind.resume()
-    assert tier(cache).flush()
+    assert tier(cache).flush(LANDING_WAIT)
     # The held copy was overtaken by the failed incr's stamp: the count is lost (a miss,
     # the price of the lag), and never comes back as 10 or 11.
     assert log.get(cache, 0, "hits") is None
@@ -768,7 +768,7 @@ def test_a_forked_child_writes_behind_with_a_writer_of_its_own(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     store.behind.resume()
-    assert store.flush()
+    assert store.flush(LANDING_WAIT)
     assert store.disk.get(cache.wire_key("queued")) is not None
     server.flush()
     assert cache.get("child") == 2
@@ -783,7 +783,7 @@ def test_an_incr_meeting_a_refills_stub_counts_once_the_value_is_back(
     cache = make(server.location, directory, 0)
     store = tier(cache)
     cache.set("n", 5)
-    assert store.flush()
+    assert store.flush(LANDING_WAIT)
     server.flush()
     wire = cache.wire_key("n")
     lease = run_blocking(store.blocking.meta_get(wire, cas=True, vivify=30))

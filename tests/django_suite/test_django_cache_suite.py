@@ -32,7 +32,7 @@ from django.core.cache import cache
 from django.db import close_old_connections
 
 from django_fastcache.testing.servers import free_port
-from tests.conftest import MEMCACHED_ONLY, connects_from_this_thread
+from tests.conftest import LANDING_WAIT, MEMCACHED_ONLY, connects_from_this_thread
 from tests.django_suite.fetch import SuiteUnavailable, load_cache_tests, running_in_ci
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class TieredFastCacheTests(FastCacheTests):
         # And in the disk tier too, the failing key's old value is gone.
         tiered = cache._shared().tiered
         assert tiered is not None
-        assert tiered.flush()  # the disk copies are written behind
+        assert tiered.flush(LANDING_WAIT)  # the disk copies are written behind
         assert tiered.disk.get(cache.wire_key("too-large")) is None
         assert tiered.disk.get(cache.wire_key("key")) is not None
 

@@ -28,7 +28,7 @@ from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.connection import Connection
 from django_fastcache.protocol import ReplyKind
 from django_fastcache.testing.servers import MemcachedServer
-from tests.conftest import MEMCACHED_ONLY
+from tests.conftest import LANDING_WAIT, MEMCACHED_ONLY
 
 #: For tests that watch the blocking client by patching its methods: compiled code calls
 #: them directly, past the patch. The pure-Python run of the suite covers them.
@@ -574,12 +574,12 @@ def test_tiered_aset_many_is_one_round_trip_per_node_and_adelete_many_clears_bot
     # copies follow behind.
     assert arun(cache, store) == []
     assert sorted(pipelines.values()) == [1] * nodes
-    assert disk.flush()
+    assert disk.flush(LANDING_WAIT)
     assert all(disk.disk.get(cache.wire_key(key)) is not None for key in data)
     pipelines.clear()
     arun(cache, lambda: cache.adelete_many(data))
     assert sorted(pipelines.values()) == [1] * nodes
-    assert disk.flush()
+    assert disk.flush(LANDING_WAIT)
     assert all(disk.disk.get(cache.wire_key(key)) is None for key in data)
     assert cache.get_many(data) == {}
 

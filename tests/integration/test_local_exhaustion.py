@@ -50,7 +50,7 @@ WORKER = textwrap.dedent(
     cache.set("before", "kept")
     assert cache.get("before") == "kept"
     tiered = cache._shared().tiered
-    assert tiered.flush()  # its disk copy landed (written behind, by another thread)
+    assert tiered.flush(30.0)  # its disk copy landed (written behind, by another thread)
     # This thread's SQLite connections open on its first disk read: open them now.
     assert tiered.disk.get(cache.wire_key("before")) is not None
     for shared in list(fastcache._shared.values()):

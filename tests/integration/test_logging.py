@@ -18,6 +18,7 @@ import pytest
 from django_fastcache import logs
 from django_fastcache.backends import FastCache
 from django_fastcache.testing.servers import MemcachedServer, free_port
+from tests.conftest import LANDING_WAIT
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -118,7 +119,7 @@ def test_disk_tier_failures_are_logged_once_a_minute(
         for n in range(5):
             cache.set(f"k{n}", n)
             assert cache.get(f"k{n}") == n  # memcached's answers stand
-        cache._shared().tiered.flush()  # the writer behind meets the failures
+        cache._shared().tiered.flush(LANDING_WAIT)  # the writer behind meets the failures
     failed = messages(caplog, f"the disk tier at {disk_directory} failed")
     assert len(failed) == 1, caplog.text
     assert "DiskError" in failed[0]

@@ -26,8 +26,9 @@ from tests.integration.client_runner import Runner, runner_fixture
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 TIMEOUT = 0.3
-#: How far past its timeout a failing call may come back, at most.
-SLACK = 1.0
+#: How far past its timeout a failing call may come back, at most: loose, it tells a call
+#: that hangs (or waits without bound) from one a loaded machine delayed (by seconds).
+SLACK = 5.0
 VALUES = {b"asked": b"mine", b"victim": b"secret"}
 
 run = runner_fixture(timeout=TIMEOUT)

@@ -25,6 +25,7 @@ from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.sealing import FLAG_SEALED
 from django_fastcache.serializers import FLAG_INTEGER, FLAG_PICKLE, FLAG_TEXT, FLAG_ZLIB
 from django_fastcache.testing.servers import MemcachedServer
+from tests.conftest import LANDING_WAIT
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +172,7 @@ def test_a_pickle_planted_on_disk_is_refused(
     cache.set("k", "genuine")
     tiered = cache._shared().tiered
     assert tiered is not None
-    assert tiered.flush()  # its disk copy is written behind
+    assert tiered.flush(LANDING_WAIT)  # its disk copy is written behind
     memcached.flush()  # memcached misses: the disk tier answers (and refills)
     assert cache.get("k") == "genuine"
     memcached.flush()

@@ -33,7 +33,7 @@ from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.signals import node_back, node_out
 from django_fastcache.testing.servers import MemcachedServer, free_port
 from django_fastcache.tiered import TieredStore
-from tests.conftest import connects_from_this_thread
+from tests.conftest import LANDING_WAIT, connects_from_this_thread
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +121,7 @@ def tiered(cache: FastCache) -> TieredStore:
 
 def landed(cache: FastCache) -> None:
     """Wait for the writer behind memcached: the disk copies of the writes made so far."""
-    assert tiered(cache).flush(), "the writer behind did not land the queued writes"
+    assert tiered(cache).flush(LANDING_WAIT), "the writer behind did not land the queued writes"
 
 
 def on_disk(cache: FastCache, key: str) -> DiskEntry | None:

@@ -5,6 +5,7 @@ parent). No servers: the disk store alone, forked children that exit with a stat
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import gc
 import os
@@ -13,6 +14,7 @@ import sqlite3
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -242,6 +244,58 @@ def test_the_connections_of_a_thread_that_ended_are_closed_only_inside_the_fork_
     assert _wait(pid) == 0
     assert all(closes)
     assert len(closes) == settled + 2
+    store.close()
+
+
+def _closed(connection: sqlite3.Connection) -> bool:
+    try:
+        connection.execute("SELECT 1")
+    except sqlite3.ProgrammingError:  # "Cannot operate on a closed database."
+        return True
+    return False
+
+
+def test_the_connections_of_a_thread_not_started_by_threading_are_closed_once_it_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that C code started (here by ``_thread``) is a "dummy" Thread to
+    ``threading``, alive for ever as far as ``is_alive()`` says: its connections are
+    closed all the same once it ended, not kept open (descriptors, files) for good."""
+    closes = _record_closes(monkeypatch)
+    store = DiskStore(str(tmp_path / "disk"))
+    store.set(b"k", b"v", 0, None)
+    done = threading.Event()
+    errors: list[str] = []
+    opened: list[sqlite3.Connection] = []
+    ended: list[Any] = []
+
+    def work() -> None:
+        try:
+            assert isinstance(threading.current_thread(), threading._DummyThread)
+            assert store.get(b"k") is not None
+            me = threading.get_ident()
+            opened.extend(c for (_, thread), (_, _, c) in forkgate._open.items() if thread == me)
+            ended.append(weakref.ref(forkgate._local.calls))  # goes with the thread's state
+        except BaseException:
+            errors.append(traceback.format_exc())
+        finally:
+            done.set()
+
+    _thread.start_new_thread(work, ())
+    assert done.wait(CHILD_DEADLINE)
+    assert not errors, errors[0]
+    assert opened
+    assert not any(_closed(connection) for connection in opened)
+    deadline = time.monotonic() + CHILD_DEADLINE
+    while ended[0]() is not None:  # the thread's state is cleared after work() returned
+        assert time.monotonic() < deadline, "the thread never ended"
+        time.sleep(0.005)
+    # By the next connection held, from this thread (whose id the ended one never had).
+    other = DiskStore(str(tmp_path / "other"))
+    other.set(b"k", b"v", 0, None)
+    other.close()
+    assert all(_closed(connection) for connection in opened)
+    assert all(closes), "closed where a fork could land"
     store.close()
 
 
