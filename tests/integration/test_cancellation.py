@@ -214,13 +214,24 @@ def test_a_waiter_cancelled_once_handed_a_connection_gives_it_back(
     run(scenario())
 
 
+async def _set_patiently(server: MemcachedServer, key: bytes, value: bytes) -> None:
+    seeder = Client([server.location], timeout=5.0)
+    try:
+        assert await seeder.set(key, value)
+    finally:
+        await seeder.aclose()
+
+
 def test_waiting_for_a_connection_is_bounded_by_the_timeout(
     run: Callable[[Coroutine[Any, Any, Any]], Any], server: MemcachedServer
 ) -> None:
     async def scenario() -> None:
+        # The calls that must succeed get 5 s: the value is set by a client of its own (a
+        # connection keeps its first request's deadline timer, so a timeout shortened on
+        # it would not bound the paused calls), and the last get is given 5 s.
+        await _set_patiently(server, b"b", b"b")
         client = Client([server.location], max_connections=1, timeout=0.2)
         try:
-            await client.set(b"b", b"b")
             server.pause()
             try:
                 outcomes = await asyncio.gather(
@@ -230,6 +241,7 @@ def test_waiting_for_a_connection_is_bounded_by_the_timeout(
                 server.resume()
             assert all(isinstance(o, OperationTimeoutError) for o in outcomes), outcomes
             assert_pool_whole(client, server)
+            client.timeout = 5.0
             assert await client.get(b"b") == Item(b"b", b"b", 0, None)
         finally:
             await client.aclose()

@@ -137,10 +137,17 @@ def test_timeouts_are_counted_and_the_node_turns_unhealthy(server: MemcachedServ
     events: list[NodeEvent] = []
 
     async def scenario() -> MetricsSnapshot:
+        # The set, which must succeed, is made with 5 s by a client of its own (a connection
+        # keeps its first request's deadline timer: a timeout shortened on it would not
+        # bound the paused calls); the last get is given 5 s.
+        seeder = make_client(server, timeout=5.0)
+        try:
+            await seeder.set(b"t", b"v")
+        finally:
+            await seeder.aclose()
         client = make_client(server, timeout=0.2, latency_metrics=True)
         client.on_node_event(events.append)
         try:
-            await client.set(b"t", b"v")
             server.pause()
             try:
                 for _ in range(2):
@@ -149,6 +156,7 @@ def test_timeouts_are_counted_and_the_node_turns_unhealthy(server: MemcachedServ
             finally:
                 server.resume()
             assert [e.healthy for e in events] == [False]  # once, not per failed call
+            client.timeout = 5.0
             assert await client.get(b"t") is not None
             assert [e.healthy for e in events] == [False, True]
             return client.metrics()
@@ -209,7 +217,7 @@ def test_a_failing_subscriber_is_logged_and_the_call_goes_on(
         raise RuntimeError("subscriber bug")
 
     async def scenario() -> None:
-        client = make_client(server, timeout=0.5)
+        client = make_client(server, timeout=5.0)  # the set must succeed; the get is refused
         client.on_node_event(broken)
         try:
             await client.set(b"k", b"v")
@@ -232,7 +240,9 @@ def test_a_busy_pool_is_not_an_unhealthy_node(server: MemcachedServer) -> None:
     events: list[NodeEvent] = []
 
     async def scenario() -> MetricsSnapshot:
-        client = make_client(server, max_connections=1, timeout=1.0)
+        # The first get holds the connection for 3 s: a loaded loop firing the waiter's
+        # timer late still finds it held, and the two waits stay far apart.
+        client = make_client(server, max_connections=1, timeout=3.0)
         client.on_node_event(events.append)
         try:
             await client.set(b"k", b"v")
@@ -256,7 +266,7 @@ def test_a_busy_pool_is_not_an_unhealthy_node(server: MemcachedServer) -> None:
     pool = node(asyncio.run(scenario()), server).pool
     assert pool.waits == 1
     assert pool.wait_timeouts == 1
-    assert 0.15 < pool.wait_seconds < 0.9
+    assert 0.15 < pool.wait_seconds < 2.5  # its own 0.2 s, not the holder's 3 s
     # The first call's reply timed out (the node's doing); the waiter's did not count.
     assert [e.healthy for e in events] == [False]
 

@@ -132,10 +132,13 @@ def test_a_server_that_stops_answering_fails_every_pipelined_request(
     pausable: MemcachedServer,
 ) -> None:
     async def scenario() -> list[Any]:
-        client = client_for(pausable, max_connections=1, timeout=0.3)
+        # The set must succeed: 5 s; the short timeout (read per call) is for the paused
+        # server's calls.
+        client = client_for(pausable, max_connections=1, timeout=5.0)
         try:
             await client.set(b"x", b"y")
             pausable.pause()
+            client.timeout = 0.3
             try:
                 return await asyncio.gather(
                     client.get(b"x"), client.set(b"x", b"z"), client.delete(b"x"),

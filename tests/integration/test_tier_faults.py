@@ -28,7 +28,10 @@ pytestmark = [
     pytest.mark.skipif(not MemcachedServer.available(), reason="memcached is not installed"),
 ]
 
-TIMEOUT = 0.2
+#: Calls that must succeed get 1 s (at 0.2 s a call delayed by load put the node out and
+#: sent the case to the disk tier); the calls meant to time out face a paused server or a
+#: partition held far longer.
+TIMEOUT = 1.0
 OPTIONS: dict[str, Any] = {"operation_timeout": TIMEOUT, "connect_timeout": TIMEOUT}
 #: Bounded waits for conditions (the probe's backoff tops out at 2 s).
 PATIENCE = 20.0
@@ -526,7 +529,7 @@ def test_a_replay_never_acts_on_a_probe_answered_before_the_node_went_out_again(
         finally:
             server.resume()
         assert node_states(cache) == ["out"]
-        tiered.replay_settle = 2.0  # long enough for the steps below, by far
+        tiered.replay_settle = 4 * TIMEOUT + 2.0  # long enough for the steps below, by far
         outcome: list[int | None] = []
         probed = _Probed(tiered.blocking)
         tiered.blocking = probed  # type: ignore[assignment]
