@@ -165,8 +165,7 @@ class Connection(asyncio.Protocol):
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending.append((future, kind, keys))
         self._deadlines.append(deadline)
-        if self._watchdog is None:
-            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+        self._arm(deadline)
         self._transport.write(data)
         return future
 
@@ -186,8 +185,7 @@ class Connection(asyncio.Protocol):
         keys = expected if expected is not None else [None] * len(kinds)
         self._pending.extend(zip(futures, kinds, keys))
         self._deadlines.extend([deadline] * len(kinds))
-        if self._watchdog is None:
-            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+        self._arm(deadline)
         self._transport.write(data)
         return futures
 
@@ -209,13 +207,7 @@ class Connection(asyncio.Protocol):
         idle = not pending
         pending.append((future, kind, keys))
         self._deadlines.append(deadline)
-        watchdog = self._watchdog
-        if watchdog is None:
-            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
-        elif deadline < watchdog.when():
-            # A shorter timeout than the requests ahead of it: its deadline governs now.
-            watchdog.cancel()
-            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+        self._arm(deadline)
         if idle:
             self._transport.write(data)
             return future
@@ -246,8 +238,7 @@ class Connection(asyncio.Protocol):
             raise self._closed_error or ConnectionLostError("connection is closed")
         self._pending.extend(zip(receivers, kinds, expected))
         self._deadlines.extend([deadline] * len(kinds))
-        if self._watchdog is None:
-            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+        self._arm(deadline)
         self._transport.write(data)
 
     def request_one(
@@ -264,9 +255,19 @@ class Connection(asyncio.Protocol):
             raise self._closed_error or ConnectionLostError("connection is closed")
         self._pending.append((receiver, kind, keys))
         self._deadlines.append(deadline)
-        if self._watchdog is None:
-            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+        self._arm(deadline)
         transport.write(data)
+
+    def _arm(self, deadline: float) -> None:
+        """Make the watchdog fire by ``deadline``. The timer outlives the replies it was
+        armed for, so a request with a shorter timeout than an earlier one (the client's
+        ``timeout`` lowered meanwhile) moves it earlier; later deadlines leave it be."""
+        watchdog = self._watchdog
+        if watchdog is None:
+            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
+        elif deadline < watchdog.when():
+            watchdog.cancel()
+            self._watchdog = self._loop.call_at(deadline, self._check_deadlines)
 
     def _check_deadlines(self) -> None:
         self._watchdog = None

@@ -218,3 +218,35 @@ def test_without_pipelining_callers_wait_for_a_connection_of_their_own(
 def test_pipelining_must_be_a_bool() -> None:
     with pytest.raises(InvalidArgumentError, match="pipelining"):
         Client(["127.0.0.1:11211"], pipelining=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"pipelining": False, "autobatching": False}, id="one-request-per-call"),
+        pytest.param({"autobatching": True}, id="autobatched"),
+    ],
+)
+def test_a_call_after_the_timeout_was_lowered_is_bounded_by_the_new_one(
+    pausable: MemcachedServer, options: dict[str, Any]
+) -> None:
+    # The connection's one timer outlives the set's reply, armed for the set's 30 s: the
+    # get made after the timeout was lowered must move it earlier, on every request path.
+    async def scenario() -> float:
+        client = Client([pausable.location], max_connections=1, timeout=30.0, **options)
+        loop = asyncio.get_running_loop()
+        try:
+            await client.set(b"x", b"y")
+            pausable.pause()
+            try:
+                client.timeout = 0.2
+                began = loop.time()
+                with pytest.raises(OperationTimeoutError):
+                    await client.get(b"x")
+                return loop.time() - began
+            finally:
+                pausable.resume()
+        finally:
+            await client.aclose()
+
+    assert run(scenario()) < 5.0  # not the set's 30 s (run() gives up after 10)
