@@ -183,10 +183,7 @@ def follow_state_files(store: TieredStore) -> None:
     if states.replaced():
         states.reopen(time.time())
         store.disk.close()  # the values too: opened again, by path, on next use
-        stamps = getattr(store, "stamps", None)
-        reopen = getattr(stamps, "reopen", None)
-        if callable(reopen):
-            reopen()
+        store.stamps.reopen()  # and the write stamps: the directory's processes read those
         logger.warning(
             "the disk tier's files at %s were removed or replaced under this process; it "
             "now uses the directory's files, and disk entries written before no longer "

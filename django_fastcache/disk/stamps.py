@@ -90,6 +90,24 @@ class WriteStamps:
             table = mmap.mmap(-1, _SIZE)
         self._map = table
         self._words = memoryview(table).cast("Q")
+        #: Tables replaced by :meth:`reopen`, kept mapped: another thread may be between
+        #: reading ``_words`` and writing to it.
+        self._retired: list[mmap.mmap] = []
+
+    def reopen(self) -> None:
+        """Map the file at ``path`` again, once the directory was removed or replaced
+        under this process: the processes using the directory's files stamp that file, and
+        a write of this process stamped in the removed one would leave their older entries
+        answering. (A write stamped in the old table while this runs is stamped gone in
+        the new one when memcached answers it: its stamp is not the slot's any more.)"""
+        table = self._open(self.path)
+        shared = table is not None
+        if table is None:
+            table = mmap.mmap(-1, _SIZE)
+        self._retired.append(self._map)
+        self._map = table
+        self._words = memoryview(table).cast("Q")
+        self.shared = shared
 
     @staticmethod
     def _open(path: str) -> mmap.mmap | None:

@@ -516,6 +516,47 @@ def test_a_process_on_a_deleted_directory_misses_rather_than_answering_its_old_c
     assert log.stale_reads() == []
 
 
+def test_a_process_that_moved_stamps_its_writes_where_the_directory_s_processes_read_them(
+    server: MemcachedServer, directory: str
+) -> None:
+    # Once P moved to the directory Q made again, P's writes must stamp the directory's
+    # table: else Q's older entry of a key P wrote keeps answering while P's copy waits to
+    # land, and memcached losing the key then hands Q its own older value.
+    import shutil
+
+    from django_fastcache.maintenance import check_files, maintenance
+
+    log = Log()
+    older = make(server.location, directory, 0)
+    store = tier(older)
+    maintenance.unregister(store)  # the test moves P itself
+    try:
+        log.set(older, 0, "k", 1)
+        assert store.flush(LANDING_WAIT)
+        shutil.rmtree(directory)
+        newer = make(server.location, directory, 1)
+        store.states._next_check = 0.0
+        check_files(store)
+        assert store.states.reopened == 1
+        log.set(newer, 1, "k", 2)
+        assert tier(newer).flush(LANDING_WAIT)
+        store.behind.pause()  # P's copy has not landed yet...
+        try:
+            log.set(older, 0, "k", 3)  # ...acknowledged
+            server.flush()  # ...when memcached loses the key
+            for process, each in ((1, newer), (0, older)):
+                assert log.get(each, process, "k") is None  # not Q's 2
+        finally:
+            store.behind.resume()
+        assert store.flush(LANDING_WAIT)
+        server.flush()
+        for process, each in ((0, older), (1, newer)):
+            assert log.get(each, process, "k") == 3
+    finally:
+        maintenance.register(store)
+    assert log.stale_reads() == []
+
+
 @pytest.mark.xfail(
     strict=True, reason="the window docs/disk-tier.md describes: writes make no check of the files"
 )
