@@ -318,6 +318,10 @@ class TieredStore:
             [(key, stamp, data, flags, expire_at, now if written_at is None else written_at)],
             self.stamps.current,
         )
+        if self.stamps.current(key) != stamp:
+            # Overtaken, or stamped in a table the process has since left (it moved to a
+            # directory made again): the slot is stamped gone where it is read now.
+            self.stamps.bump(key, gone=True)
 
     def _journaled(
         self, node: int, keys: list[bytes], disk_write: Callable[[], T]
