@@ -49,6 +49,11 @@ with the table's it maps (one memory read) and follows a new table before going 
   ``/dev/shm`` then all meet at the directory's file instead of taking turns replacing
   each other's tables. Without a usable ``/dev/shm`` (missing, full, or the user's
   directory in it not private) the table is a file in the directory from the start.
+* The anchor is written only when a table is made, so an age-based temp cleaner may remove
+  it under running processes, and the next process makes another: the maintenance
+  thread's check of the files (:meth:`WriteStamps.replaced`, every 0.1 s) moves a process
+  to the directory's anchor, and the first to move zeroes the id in the anchor it left, so
+  that the others still on it follow at their next call.
 * Each table pins its 8 MiB of memory while it exists, and a directory removed with its
   anchor leaves its table behind: whoever makes a table in ``/dev/shm`` also removes the
   tables there (older than :data:`SWEEP_AGE`) that no anchor names any more.
@@ -266,12 +271,22 @@ def _new_id() -> int:
 class _Opened:
     """What a process maps of a directory's stamps: the anchor, and the table it names."""
 
-    def __init__(self, anchor: mmap.mmap, table: mmap.mmap, ident: int, mode: int, path: str):
+    def __init__(
+        self,
+        anchor: mmap.mmap,
+        table: mmap.mmap,
+        ident: int,
+        mode: int,
+        path: str,
+        identity: tuple[int, int] | None = None,
+    ):
         self.anchor = anchor
         self.table = table
         self.ident = ident
         self.mode = mode
         self.path = path
+        #: (device, inode) of the anchor file; None for a table of the process's own.
+        self.identity = identity
 
 
 class WriteStamps:
@@ -335,12 +350,34 @@ class WriteStamps:
         with self._lock:
             self._move()
 
+    def replaced(self) -> bool:
+        """Whether the anchor this process mapped is no longer the one at ``path``: the
+        directory was made again, or the anchor alone was removed (it is written only when
+        a table is made, so an age-based temp cleaner may take it while the processes run,
+        and the next process would make another table). One ``stat``."""
+        identity = self._identity
+        if identity is None:
+            return False
+        try:
+            info = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError:
+            return False  # cannot tell
+        return (info.st_dev, info.st_ino) != identity
+
     # -- opening ----------------------------------------------------------------------------
     def _move(self) -> None:
+        left, left_identity = self._anchor, self._identity
         opened = self._open()
         self.shared = opened is not None
         self._retired.extend([self._map, self._anchor_map])
         self._install(opened if opened is not None else _private())
+        if left_identity is not None and self._identity not in (None, left_identity):
+            # The anchor left is no longer the directory's: the processes still on it
+            # follow at their next stamp or read (its id 0 names no table), not at their
+            # own check of the files.
+            left[_A_ID] = 0
 
     def _install(self, opened: _Opened) -> None:
         # The table first: a thread passing the check against the old anchor then stores
@@ -350,6 +387,7 @@ class WriteStamps:
         self._anchor_map = opened.anchor
         self._anchor = memoryview(opened.anchor).cast("Q")
         self._id = opened.ident
+        self._identity = opened.identity
         #: SHM, FILE, or 0 (this process's own table), and the table's path ("" if own).
         self.mode = opened.mode
         self.table_path = opened.path
@@ -370,7 +408,11 @@ class WriteStamps:
             anchor = mmap.mmap(fd, _PAGE, flags=_MAP_FLAGS)
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(os.path.dirname(self.path), _OLD_TABLE))
-            return self._open_named(anchor)
+            opened = self._open_named(anchor)
+            if opened is not None:
+                info = os.fstat(fd)
+                opened.identity = (info.st_dev, info.st_ino)
+            return opened
         except OSError:
             return None
         finally:

@@ -626,6 +626,43 @@ def test_a_process_whose_stamps_table_vanished_reads_the_others_stamps(
     assert log.stale_reads() == []
 
 
+def test_a_process_whose_stamps_anchor_was_removed_moves_to_the_directory_s_at_its_check(
+    server: MemcachedServer, directory: str
+) -> None:
+    # A temp cleaner removes the anchor alone (it is written only when a table is made);
+    # Q, started afterwards, makes another anchor and table. P's check of the files moves
+    # its stamps there, so its later write hides Q's older entry.
+    from django_fastcache.maintenance import check_files, maintenance
+
+    log = Log()
+    older = make(server.location, directory, 0)
+    store = tier(older)
+    maintenance.unregister(store)  # the test moves P itself
+    try:
+        os.unlink(store.stamps.path)
+        newer = make(server.location, directory, 1)
+        assert tier(newer).stamps.table_path != store.stamps.table_path
+        check_files(store)
+        assert store.stamps.table_path == tier(newer).stamps.table_path
+        log.set(newer, 1, "k", 2)
+        assert tier(newer).flush(LANDING_WAIT)
+        store.behind.pause()  # P's copy has not landed yet...
+        try:
+            log.set(older, 0, "k", 3)  # ...acknowledged
+            server.flush()  # ...when memcached loses the key
+            for process, each in ((1, newer), (0, older)):
+                assert log.get(each, process, "k") is None  # not Q's 2
+        finally:
+            store.behind.resume()
+        assert store.flush(LANDING_WAIT)
+        server.flush()
+        for process, each in ((0, older), (1, newer)):
+            assert log.get(each, process, "k") == 3
+    finally:
+        maintenance.register(store)
+    assert log.stale_reads() == []
+
+
 @pytest.mark.xfail(
     strict=True, reason="the window docs/disk-tier.md describes: writes make no check of the files"
 )

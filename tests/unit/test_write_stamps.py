@@ -73,6 +73,34 @@ def test_reopen_moves_to_the_anchor_now_at_the_path(anchor: str, shm: str) -> No
     assert staying.bump(b"j") == moving.current(b"j")
 
 
+def test_an_anchor_removed_under_the_processes_is_noticed_and_the_first_to_move_pulls_the_rest(
+    anchor: str, shm: str
+) -> None:
+    mover, other = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    assert not mover.replaced()
+    os.unlink(anchor)  # a temp cleaner: the anchor is written only when a table is made
+    assert mover.replaced()
+    newer = WriteStamps(anchor, shm_root=shm)  # a process started afterwards
+    assert mover.replaced()
+    assert other.replaced()
+    mover.reopen()
+    assert not mover.replaced()
+    assert mover.table_path == newer.table_path
+    stamp = newer.bump(b"k")
+    assert other.current(b"k") == stamp  # it followed at once: the mover marked the anchor
+    assert other.table_path == newer.table_path
+    assert not other.replaced()
+
+
+def test_reopen_on_the_directory_s_anchor_moves_nobody(anchor: str, shm: str) -> None:
+    first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    table = first.table_path
+    first.reopen()
+    stamp = second.bump(b"k")
+    assert first.current(b"k") == stamp
+    assert first.table_path == second.table_path == table
+
+
 def test_reopen_after_the_directory_was_removed_and_made_again(anchor: str, shm: str) -> None:
     moving = WriteStamps(anchor, shm_root=shm)
     shutil.rmtree(os.path.dirname(anchor))
