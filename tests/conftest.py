@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from django_fastcache.backends import fastcache
-from django_fastcache.disk import stamps
 from django_fastcache.maintenance import maintenance
 from django_fastcache.testing.servers import MemcachedServer
+from django_fastcache.testing.stamps import drop_tables
 
 if os.environ.get("CI") and not MemcachedServer.available():
     raise RuntimeError("CI=true but memcached is not installed: the test command installs it")
@@ -138,29 +138,14 @@ def forget_stacks(directory: str | os.PathLike[str]) -> None:
         maintenance.unregister(shared.tiered)
         shared.blocking.close_thread_connections()
         shared.tiered.close()
-    drop_stamps_tables(root)
-
-
-def drop_stamps_tables(directory: str | os.PathLike[str]) -> None:
-    """Remove the write stamps tables in /dev/shm of the disk tiers under ``directory``:
-    each pins 8 MiB of memory, and a tier directory the run keeps (pytest keeps its last
-    runs' tmp_path) would keep it named, out of the sweep's reach."""
-    root = os.path.abspath(directory) + os.sep
-    tables = stamps.shm_directory()
-    with contextlib.suppress(OSError):
-        for name in os.listdir(tables):
-            path = os.path.join(tables, name)
-            with contextlib.suppress(OSError):
-                found = stamps.table_anchor(path)
-                if found is not None and found[1].startswith(root):
-                    os.unlink(path)
+    drop_tables(root)  # their write stamps tables in /dev/shm
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_stamps_tables_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The run's write stamps tables removed from /dev/shm at its end."""
     yield
-    drop_stamps_tables(tmp_path_factory.getbasetemp())
+    drop_tables(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture

@@ -271,3 +271,15 @@ def test_the_previous_format_s_table_is_removed(anchor: str, shm: str) -> None:
     Path(old).write_bytes(bytes(4096))
     WriteStamps(anchor, shm_root=shm)
     assert not os.path.exists(old)
+
+
+def test_a_test_run_drops_the_tables_of_its_directories(tmp_path: Path, shm: str) -> None:
+    from django_fastcache.testing.stamps import drop_tables
+
+    (tmp_path / "run" / "a").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    dropped = WriteStamps(str(tmp_path / "run" / "a" / "stamps.anchor"), shm_root=shm)
+    kept = WriteStamps(str(tmp_path / "other" / "stamps.anchor"), shm_root=shm)
+    drop_tables(tmp_path / "run", shm_root=shm)
+    assert not os.path.exists(dropped.table_path)
+    assert os.path.exists(kept.table_path)
