@@ -8,6 +8,8 @@ import errno
 import logging
 import os
 import shutil
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +285,29 @@ def test_a_test_run_drops_the_tables_of_its_directories(tmp_path: Path, shm: str
     drop_tables(tmp_path / "run", shm_root=shm)
     assert not os.path.exists(dropped.table_path)
     assert os.path.exists(kept.table_path)
+
+
+def _exit_status(pid: int, deadline: float = 20.0) -> int:
+    """The child's exit status; -1 when it had to be killed (it hung)."""
+    end = time.monotonic() + deadline
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > end:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -1
+        time.sleep(0.005)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_while_a_thread_followed_follows_too(anchor: str, shm: str) -> None:
+    own = WriteStamps(anchor, shm_root=shm)
+    os.unlink(own.table_path)
+    stamp = WriteStamps(anchor, shm_root=shm).bump(b"k")  # in a new table
+    with own._lock:  # another thread of the parent following at the fork
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if own.current(b"k") == stamp else 1)
+    assert _exit_status(pid) == 0
