@@ -190,6 +190,16 @@ def follow_state_files(store: TieredStore) -> None:
             "answer (nothing but this process may remove or replace the directory)",
             store.directory,
         )
+    stamps = store.stamps
+    if stamps.replaced():  # the anchor alone (a temp cleaner): the others stamp its table
+        stamps.reopen()
+        logger.warning(
+            "the disk tier's write stamps anchor %s was removed or replaced under this "
+            "process; it now stamps the table the directory's anchor names, and disk entries "
+            "written before that table was made no longer answer (keep temp cleaners out of "
+            "the directory)",
+            stamps.path,
+        )
 
 
 #: The one maintenance thread of the process.

@@ -140,7 +140,7 @@ class TieredStore:
         self.stamps = (
             stamps
             if stamps is not None
-            else WriteStamps(os.path.join(self.directory, "stamps.state"))
+            else WriteStamps(os.path.join(self.directory, "stamps.anchor"))
         )
         # A shard lock is held by the writer behind for one group commit, and by an outage
         # write for one entry; a write waiting for it gives up only well after that.

@@ -29,6 +29,7 @@ import pytest
 from django_fastcache.backends import fastcache
 from django_fastcache.maintenance import maintenance
 from django_fastcache.testing.servers import MemcachedServer
+from django_fastcache.testing.stamps import drop_tables
 
 if os.environ.get("CI") and not MemcachedServer.available():
     raise RuntimeError("CI=true but memcached is not installed: the test command installs it")
@@ -137,6 +138,14 @@ def forget_stacks(directory: str | os.PathLike[str]) -> None:
         maintenance.unregister(shared.tiered)
         shared.blocking.close_thread_connections()
         shared.tiered.close()
+    drop_tables(root)  # their write stamps tables in /dev/shm
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stamps_tables_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The run's write stamps tables removed from /dev/shm at its end."""
+    yield
+    drop_tables(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture

@@ -4,16 +4,17 @@ The disk tier is written behind memcached (:mod:`.writebehind`): a write is ackn
 memcached has it, and its disk copy lands a little later. So that a disk entry older than
 an acknowledged write or delete is never served, every write and delete first *stamps* its
 key: it puts a new random 64-bit stamp in the key's slot of a table in shared memory (a
-memory-mapped file in the disk tier's directory; a hash of the key picks one of about a
-million slots). A disk entry carries the stamp it was written under, and it answers a read
-only while that stamp is still its slot's. The writer behind lands a write only while its
-stamp is still current, so one that was overtaken is skipped.
+hash of the key picks one of about a million slots). A disk entry carries the stamp it was
+written under, and it answers a read only while that stamp is still its slot's. The writer
+behind lands a write only while its stamp is still current, so one that was overtaken is
+skipped.
 
 Properties the tier relies on:
 
 * A stamp is a plain store to memory, no lock: the request path pays a hash and a store.
-* Stamps are random and never 0, and the table starts zeroed, so an entry never matches a
-  slot by accident (a torn or lost store only makes entries stop answering: a miss).
+* Stamps are random and never 0, and a table starts zeroed, so an entry never matches a
+  slot by accident (a torn or lost store, or a new table, only makes entries stop
+  answering: a miss).
 * A stamp's lowest bit says what stamped it: 1 a write of a value, 0 a delete (or a
   failure). No entry is ever written under a delete's stamp, so a slot whose stamp is a
   delete's (or 0) answers nothing without the disk being read: a miss on a deleted key
@@ -23,11 +24,39 @@ Properties the tier relies on:
 * memcached orders a slot's writes by arrival, the stamps by when they were taken: a write
   or delete that finds, after memcached's reply, its slot stamped by another meanwhile
   stamps it gone rather than queueing its copy (the tier's ``_behind``).
-* The table outlives processes (it is a file): a process killed with writes still queued
-  leaves their stamps behind, so the older entries of those keys stay hidden (misses).
-* A host restart may leave the file older than the values (its pages and SQLite's are
-  written back independently), so the table is reset when the host's boot id changes:
-  after a reboot every entry from before misses.
+* The table outlives processes: a process killed with writes still queued leaves their
+  stamps behind, so the older entries of those keys stay hidden (misses).
+
+Where the table lives. Every process of a tier directory must stamp the same table: one
+stamping another table would leave the entries it overtakes answering the others (an old
+value). The directory holds a one-page *anchor* (``stamps.anchor``), mapped by every
+process, that names the table: a random table id, where it lives, and the boot it was made
+in. The table itself (8 MiB) is preferably a file in ``/dev/shm``: tmpfs pages are never
+written back, so a stamp never takes the write fault (journal handle, mtime update, at
+times over a millisecond) a store to a written-back page of a file on disk takes. Every
+:meth:`WriteStamps.bump` and :meth:`WriteStamps.current` first compares the anchor's id
+with the table's it maps (one memory read) and follows a new table before going on.
+
+* A reboot may leave the directory's files older than the values (their pages and SQLite's
+  are written back independently), so an anchor from another boot (Linux's ``boot_id``)
+  gets a new, zeroed table: every entry from before the reboot misses. On systems without
+  a boot id the table is kept.
+* A table named by the anchor that is gone or not ours (systemd-logind removes a user's
+  ``/dev/shm`` files with ``RemoveIPC=yes`` when the user's last session ends; an admin; a
+  process seeing another ``/dev/shm``, as containers sharing the directory can) is
+  replaced by a new one, with a warning: entries written before miss. The new one is a
+  file in the directory, and stays there until the next boot: processes that see different
+  ``/dev/shm`` then all meet at the directory's file instead of taking turns replacing
+  each other's tables. Without a usable ``/dev/shm`` (missing, full, or the user's
+  directory in it not private) the table is a file in the directory from the start.
+* The anchor is written only when a table is made, so an age-based temp cleaner may remove
+  it under running processes, and the next process makes another: the maintenance
+  thread's check of the files (:meth:`WriteStamps.replaced`, every 0.1 s) moves a process
+  to the directory's anchor, and the first to move zeroes the id in the anchor it left, so
+  that the others still on it follow at their next call.
+* Each table pins its 8 MiB of memory while it exists, and a directory removed with its
+  anchor leaves its table behind: whoever makes a table in ``/dev/shm`` also removes the
+  tables there (older than :data:`SWEEP_AGE`) that no anchor names any more.
 """
 
 from __future__ import annotations
@@ -38,17 +67,40 @@ import fcntl
 import mmap
 import os
 import random
+import stat
+import struct
+import threading
+import time
+import weakref
 import zlib
 
+from ..logs import logger
+
+#: Where the tables go when it is usable: a private directory per user under it.
+SHM_ROOT = "/dev/shm"
+#: Seconds a table in SHM_ROOT lives at least before a sweep may remove it (one whose
+#: anchor is being written is younger).
+SWEEP_AGE = 60.0
 #: Slots of the table: 2**20 (8 MiB), few enough collisions for a million live keys.
 SLOT_BITS = 20
 _SLOT_MASK = (1 << SLOT_BITS) - 1
-#: Words before the slots: a magic word and the boot id the table was made under.
-_HEADER_WORDS = 4
 _WORD = 8
-_SIZE = (_HEADER_WORDS + (1 << SLOT_BITS)) * _WORD
-_MAGIC = 0x31_70_6D_61_74_73_63_66  # "fcstamp1", little-endian
+_PAGE = mmap.PAGESIZE
+#: Words before the slots: the table's header page (magic, id, its anchor's path).
+_HEADER_WORDS = _PAGE // _WORD
+_SIZE = _PAGE + (1 << SLOT_BITS) * _WORD
+_TABLE_MAGIC = 0x32_70_6D_61_74_73_63_66  # "fcstamp2", little-endian
+_ANCHOR_MAGIC = 0x31_72_63_6E_61_73_63_66  # "fcsanch1", little-endian
+#: The anchor's words.
+_A_MAGIC, _A_BOOT, _A_ID, _A_MODE = 0, 1, 2, 3
+#: Where the table lives: a file in SHM_ROOT, or a file in the tier's directory.
+SHM, FILE = 1, 2
+#: A table's header: magic, id, length of the anchor's path (its bytes follow).
+_HEADER = struct.Struct("=QQQ")
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
+#: The previous format's table, in the directory itself.
+_OLD_TABLE = "stamps.state"
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 # One generator for the process, seeded from the OS and again in every forked child, so
 # that no two processes ever draw the same sequence (an application seeding ``random``
@@ -75,79 +127,195 @@ def _boot_id() -> int:
         return 0
 
 
-class WriteStamps:
-    """The host-wide table of write stamps in ``path`` (created when missing)."""
+def shm_directory(shm_root: str = SHM_ROOT) -> str:
+    """This user's directory of tables under ``shm_root``."""
+    return os.path.join(shm_root, f"django-fastcache-{os.getuid()}")
 
-    def __init__(self, path: str) -> None:
+
+def _usable_shm_directory(shm_root: str) -> str | None:
+    """This user's directory under ``shm_root``, made if need be; None unless it is a
+    real directory only this user can enter (a table in it must not be another's)."""
+    directory = shm_directory(shm_root)
+    try:
+        if not os.path.isdir(shm_root):
+            return None
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
+        info = os.lstat(directory)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        logger.debug("write stamps: %s is not a private directory; table on disk", directory)
+        return None
+    return directory
+
+
+def _is_ours(fd: int, size: int | None = None) -> bool:
+    info = os.fstat(fd)
+    return (
+        stat.S_ISREG(info.st_mode)
+        and info.st_uid == os.getuid()
+        and (size is None or info.st_size == size)
+    )
+
+
+def table_anchor(path: str) -> tuple[int, str] | None:
+    """The id and anchor path in the header of the table at ``path``; None when the file
+    holds no table's header. OSError when it cannot be read or is not this user's file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not _is_ours(fd):
+            raise OSError(errno.EPERM, "not a file of this user", path)
+        header = os.pread(fd, _PAGE, 0)  # (not the size: a read past the end is short)
+    finally:
+        os.close(fd)
+    if len(header) < _HEADER.size:
+        return None
+    magic, ident, length = _HEADER.unpack_from(header)
+    if magic != _TABLE_MAGIC or length > len(header) - _HEADER.size:
+        return None
+    return ident, os.fsdecode(header[_HEADER.size : _HEADER.size + length])
+
+
+def _named(ident: int, anchor: str) -> bool:
+    """Whether the anchor at ``anchor`` names table ``ident`` (its word, read from the
+    file: it may be short or not an anchor at all)."""
+    try:
+        fd = os.open(anchor, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        word = os.pread(fd, _WORD, _A_ID * _WORD)
+    finally:
+        os.close(fd)
+    return len(word) == _WORD and struct.unpack("=Q", word)[0] == ident
+
+
+def sweep(directory: str, keep: str) -> None:
+    """Remove the tables in ``directory`` (but ``keep``) older than :data:`SWEEP_AGE` that
+    no anchor names any more, or that never got a header (a creation cut short): each
+    pins its memory while it exists. The directory is this user's alone, so nothing else
+    lives there. Errors leave a table in place."""
+    cutoff = time.time() - SWEEP_AGE
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.endswith(".stamps") or entry.path == keep:
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_ctime >= cutoff:
+                continue
+            found = table_anchor(entry.path)
+            if found is None or not _named(*found):
+                os.unlink(entry.path)
+        except OSError:
+            continue
+
+
+def _allocate(fd: int, size: int, *, strict: bool) -> None:
+    """Blocks (tmpfs: pages) allocated now, not on a first store to the mapping: a full
+    disk or /dev/shm then would kill the process with SIGBUS. ``strict``: nothing else
+    will do (else a file system that cannot preallocate gets a plain size)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except (AttributeError, OSError) as exc:  # AttributeError: no posix_fallocate here
+        if strict or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
+            raise OSError(getattr(exc, "errno", errno.EOPNOTSUPP), str(exc)) from exc
+        os.ftruncate(fd, size)
+
+
+def _create_table(path: str, ident: int, anchor: str, *, strict: bool) -> mmap.mmap:
+    """A new zeroed table at ``path`` (OSError when it cannot be made; nothing is left)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        _allocate(fd, _SIZE, strict=strict)
+        table = mmap.mmap(fd, _SIZE, flags=_MAP_FLAGS)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    name = os.fsencode(anchor)
+    table[_HEADER.size : _HEADER.size + len(name)] = name
+    _HEADER.pack_into(table, 0, _TABLE_MAGIC, ident, len(name))
+    return table
+
+
+def _open_table(path: str, ident: int) -> tuple[mmap.mmap | None, str]:
+    """The table at ``path`` if it is ``ident``'s; else None and why not."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, os.strerror(exc.errno or 0).lower()
+    try:
+        if not _is_ours(fd, _SIZE):
+            return None, "not a table of this user"
+        table = mmap.mmap(fd, _SIZE, flags=_MAP_FLAGS)
+    except OSError as exc:
+        return None, os.strerror(exc.errno or 0).lower()
+    finally:
+        os.close(fd)
+    magic, found, _length = _HEADER.unpack_from(table)
+    if magic != _TABLE_MAGIC or found != ident:
+        return None, "another table's header"
+    return table, ""
+
+
+def _new_id() -> int:
+    return _random.getrandbits(64) or 1
+
+
+class _Opened:
+    """What a process maps of a directory's stamps: the anchor, and the table it names."""
+
+    def __init__(
+        self,
+        anchor: mmap.mmap,
+        table: mmap.mmap,
+        ident: int,
+        mode: int,
+        path: str,
+        identity: tuple[int, int] | None = None,
+    ):
+        self.anchor = anchor
+        self.table = table
+        self.ident = ident
+        self.mode = mode
         self.path = path
-        #: False when the file could not be opened (a read-only or unusable directory): the
-        #: table is then this process's own memory, and other processes do not see its
-        #: stamps.
-        self.shared = True
-        table = self._open(path)
-        if table is None:
-            self.shared = False
-            table = mmap.mmap(-1, _SIZE)
-        self._map = table
-        self._words = memoryview(table).cast("Q")
-        #: Tables replaced by :meth:`reopen`, kept mapped: another thread may be between
-        #: reading ``_words`` and writing to it.
+        #: (device, inode) of the anchor file; None for a table of the process's own.
+        self.identity = identity
+
+
+class WriteStamps:
+    """The host-wide table of write stamps named by the anchor at ``path`` (made when
+    missing); a new table goes in ``shm_root`` when that is usable."""
+
+    def __init__(self, path: str, *, shm_root: str = SHM_ROOT) -> None:
+        self.path = path
+        self.shm_root = shm_root
+        #: Tables (and anchors) replaced, kept mapped: another thread may be between
+        #: reading ``_words`` and storing to it.
         self._retired: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        _instances.add(self)
+        opened = self._open()
+        #: False when the anchor or a table could not be opened (a read-only or unusable
+        #: directory, a file of another user): the table is then this process's own
+        #: memory, and other processes do not see its stamps.
+        self.shared = opened is not None
+        if opened is None:
+            opened = _private()
+        self._install(opened)
 
-    def reopen(self) -> None:
-        """Map the file at ``path`` again, once the directory was removed or replaced
-        under this process: the processes using the directory's files stamp that file, and
-        a write of this process stamped in the removed one would leave their older entries
-        answering. (A write stamped in the old table while this runs is stamped gone in
-        the new one when memcached answers it: its stamp is not the slot's any more.)"""
-        table = self._open(self.path)
-        shared = table is not None
-        if table is None:
-            table = mmap.mmap(-1, _SIZE)
-        self._retired.append(self._map)
-        self._map = table
-        self._words = memoryview(table).cast("Q")
-        self.shared = shared
-
-    @staticmethod
-    def _open(path: str) -> mmap.mmap | None:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError:
-            return None
-        try:
-            # One process at a time sizes the file and checks its header.
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.fstat(fd).st_size < _SIZE:
-                # Blocks allocated now, not on a first write to the mapping (a full disk
-                # then would kill the process with SIGBUS).
-                try:
-                    os.posix_fallocate(fd, 0, _SIZE)
-                except (AttributeError, OSError) as exc:
-                    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                        raise
-                    os.ftruncate(fd, _SIZE)
-            table = mmap.mmap(fd, _SIZE)
-            words = memoryview(table).cast("Q")
-            boot = _boot_id()
-            if words[0] != _MAGIC or words[1] != boot:
-                # A new table, or one from before a reboot, whose stamps may be older than
-                # the disk entries: forget them all (every entry then misses).
-                table[_HEADER_WORDS * _WORD :] = bytes(_SIZE - _HEADER_WORDS * _WORD)
-                words[1] = boot
-                words[0] = _MAGIC
-            words.release()
-            return table
-        except OSError:
-            return None
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
+    # -- the per-call check -----------------------------------------------------------------
     def bump(self, key: bytes, gone: bool = False) -> int:
         """Give ``key``'s slot a new stamp (before the write is acknowledged); return it.
         ``gone``: the key is deleted (or its disk copy lost): a delete's stamp."""
+        if self._anchor[_A_ID] != self._id:
+            self._follow()
         stamp = _random.getrandbits(64)
         stamp = (stamp & ~1) | 2 if gone else stamp | 1
         self._words[_HEADER_WORDS + (zlib.crc32(key) & _SLOT_MASK)] = stamp
@@ -155,9 +323,191 @@ class WriteStamps:
 
     def current(self, key: bytes) -> int:
         """The stamp of ``key``'s slot now (0: never written)."""
+        if self._anchor[_A_ID] != self._id:
+            self._follow()
         stamp: int = self._words[_HEADER_WORDS + (zlib.crc32(key) & _SLOT_MASK)]
         return stamp
 
     def reset(self) -> None:
         """Hide every disk entry (a whole-tier failure: nothing on disk may answer)."""
-        self._map[_HEADER_WORDS * _WORD :] = bytes(_SIZE - _HEADER_WORDS * _WORD)
+        if self._anchor[_A_ID] != self._id:
+            self._follow()
+        self._map[_PAGE:] = bytes(_SIZE - _PAGE)
+
+    def _follow(self) -> None:
+        """The anchor names another table than the one mapped: map that one (a write
+        stamped in the old table meanwhile is stamped gone in the new one when memcached
+        answers it: its stamp is not the slot's there)."""
+        with self._lock:
+            if self._anchor[_A_ID] != self._id:  # unless another thread moved first
+                self._move()
+
+    def reopen(self) -> None:
+        """Map the anchor at ``path`` again, and the table it names, once the directory
+        was removed or replaced under this process: the processes using the directory's
+        files stamp that table, and a write of this process stamped in the removed one
+        would leave their older entries answering."""
+        with self._lock:
+            self._move()
+
+    def replaced(self) -> bool:
+        """Whether the anchor this process mapped is no longer the one at ``path``: the
+        directory was made again, or the anchor alone was removed (it is written only when
+        a table is made, so an age-based temp cleaner may take it while the processes run,
+        and the next process would make another table). One ``stat``."""
+        identity = self._identity
+        if identity is None:
+            return False
+        try:
+            info = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError:
+            return False  # cannot tell
+        return (info.st_dev, info.st_ino) != identity
+
+    # -- opening ----------------------------------------------------------------------------
+    def _move(self) -> None:
+        left, left_identity = self._anchor, self._identity
+        opened = self._open()
+        self.shared = opened is not None
+        self._retired.extend([self._map, self._anchor_map])
+        self._install(opened if opened is not None else _private())
+        if left_identity is not None and self._identity not in (None, left_identity):
+            # The anchor left is no longer the directory's: the processes still on it
+            # follow at their next stamp or read (its id 0 names no table), not at their
+            # own check of the files.
+            left[_A_ID] = 0
+
+    def _install(self, opened: _Opened) -> None:
+        # The table first: a thread passing the check against the old anchor then stores
+        # to the new table, never the new id with the old table.
+        self._map = opened.table
+        self._words = memoryview(opened.table).cast("Q")
+        self._anchor_map = opened.anchor
+        self._anchor = memoryview(opened.anchor).cast("Q")
+        self._id = opened.ident
+        self._identity = opened.identity
+        #: SHM, FILE, or 0 (this process's own table), and the table's path ("" if own).
+        self.mode = opened.mode
+        self.table_path = opened.path
+
+    def _open(self) -> _Opened | None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return None
+        try:
+            if not _is_ours(fd):
+                logger.debug("write stamps: %s is not a file of this user", self.path)
+                return None
+            # One process at a time reads the anchor, makes a table and writes the anchor.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_size < _PAGE:
+                _allocate(fd, _PAGE, strict=False)
+            anchor = mmap.mmap(fd, _PAGE, flags=_MAP_FLAGS)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(os.path.dirname(self.path), _OLD_TABLE))
+            opened = self._open_named(anchor)
+            if opened is not None:
+                info = os.fstat(fd)
+                opened.identity = (info.st_dev, info.st_ino)
+            return opened
+        except OSError:
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _table_path(self, mode: int, ident: int) -> str:
+        if mode == SHM:
+            return os.path.join(shm_directory(self.shm_root), f"{ident:016x}.stamps")
+        return os.path.join(os.path.dirname(self.path), f"stamps-{ident:016x}.table")
+
+    def _open_named(self, anchor: mmap.mmap) -> _Opened | None:
+        """The table the anchor names, or a new one (the anchor's lock held)."""
+        words = memoryview(anchor).cast("Q")
+        magic, boot, ident, mode = words[_A_MAGIC], words[_A_BOOT], words[_A_ID], words[_A_MODE]
+        words.release()
+        this_boot = _boot_id()
+        if magic != _ANCHOR_MAGIC or ident == 0 or mode not in (SHM, FILE) or boot != this_boot:
+            # A new directory, or one from before a reboot, whose stamps may be older than
+            # its entries: a new table (every entry then misses).
+            previous = self._table_path(mode, ident) if magic == _ANCHOR_MAGIC and ident else ""
+            wanted = SHM if _usable_shm_directory(self.shm_root) else FILE
+            return self._make(anchor, this_boot, wanted, previous)
+        path = self._table_path(mode, ident)
+        if mode == SHM and _usable_shm_directory(self.shm_root) is None:
+            table, why = None, "its directory is not private"
+        else:
+            table, why = _open_table(path, ident)
+        if table is not None:
+            return _Opened(anchor, table, ident, mode, path)
+        logger.warning(
+            "the disk tier's write stamps table %s (named by %s) cannot be used (%s): "
+            "something removed it (systemd-logind with RemoveIPC=yes when the user's last "
+            "session ends, a cleaner), or this process sees another /dev/shm than the "
+            "process that made it. A new table in the directory replaces it, and disk "
+            "entries written before miss. Fix: RemoveIPC=no in logind.conf or a system "
+            "user for the service, and one /dev/shm for every process sharing the directory",
+            path,
+            self.path,
+            why,
+        )
+        return self._make(anchor, this_boot, FILE, path)
+
+    def _make(self, anchor: mmap.mmap, boot: int, mode: int, previous: str) -> _Opened | None:
+        """A new table (in shm when ``mode`` says so and it can be made there), named by
+        the anchor from now on; the table at ``previous`` removed."""
+        ident = _new_id()
+        name = os.path.abspath(self.path)
+        table: mmap.mmap | None = None
+        path = self._table_path(SHM, ident)
+        if mode == SHM and _HEADER.size + len(os.fsencode(name)) <= _PAGE:
+            try:
+                table = _create_table(path, ident, name, strict=True)
+            except OSError as exc:  # ENOSPC, EFBIG, EOPNOTSUPP...: the disk will do
+                logger.debug("write stamps: no table in %s (%s); table on disk", path, exc)
+        if table is None:
+            mode, path = FILE, self._table_path(FILE, ident)
+            try:
+                table = _create_table(path, ident, name, strict=False)
+            except OSError:
+                return None
+        words = memoryview(anchor).cast("Q")
+        # The id last, as the others read it without the lock; and 0 first, so that an
+        # opener after a crash in between makes a table rather than trusting the rest.
+        words[_A_ID] = 0
+        words[_A_BOOT] = boot
+        words[_A_MODE] = mode
+        words[_A_MAGIC] = _ANCHOR_MAGIC
+        words[_A_ID] = ident
+        words.release()
+        if previous:
+            with contextlib.suppress(OSError):
+                os.unlink(previous)  # mapped where it is used, but named no more
+        if mode == SHM:
+            sweep(os.path.dirname(path), path)
+        return _Opened(anchor, table, ident, mode, path)
+
+
+def _private() -> _Opened:
+    """A table of this process's own, and an anchor that always names it."""
+    ident = _new_id()
+    anchor = mmap.mmap(-1, _PAGE)
+    memoryview(anchor).cast("Q")[_A_ID] = ident
+    return _Opened(anchor, mmap.mmap(-1, _SIZE), ident, 0, "")
+
+
+_instances: weakref.WeakSet[WriteStamps] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held a lock at the fork: in the child nothing
+    # would ever release it, and the first follow would hang.
+    for stamps in list(_instances):
+        stamps._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -41,6 +41,7 @@ from django_fastcache.client.address import parse_address
 from django_fastcache.disk import NodeStates
 from django_fastcache.testing.proxy import DelayProxy
 from django_fastcache.testing.servers import MemcachedServer
+from django_fastcache.testing.stamps import drop_tables
 
 from .checker import GET, STALE_NOTHING, Op, Violation, check, format_violation
 from .worker import (
@@ -366,6 +367,7 @@ def run(
     with contextlib.ExitStack() as stack:
         if directory is None:
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="consistency-"))
+            stack.callback(drop_tables, directory)  # the workers' table in /dev/shm
         disk = os.path.join(directory, "disk")
         server = stack.enter_context(MemcachedServer())
         proxy = None

@@ -557,6 +557,112 @@ def test_a_process_that_moved_stamps_its_writes_where_the_directory_s_processes_
     assert log.stale_reads() == []
 
 
+# -- the write stamps table removed from /dev/shm under a running process ---------------------
+
+
+def _stamps_table_removed(older: FastCache, directory: str, server: MemcachedServer) -> FastCache:
+    """P's table in /dev/shm removed (RemoveIPC, an admin); Q, started afterwards, makes
+    one in the directory. P has not read or written since."""
+    from django_fastcache.disk.stamps import FILE, SHM
+
+    stamps = tier(older).stamps
+    assert stamps.mode == SHM
+    os.unlink(stamps.table_path)
+    newer = make(server.location, directory, 1)
+    assert tier(newer).stamps.mode == FILE
+    assert stamps.mode == SHM  # P moves at its next stamp or read, not before
+    return newer
+
+
+def test_a_process_whose_stamps_table_vanished_stamps_its_writes_where_the_others_read(
+    server: MemcachedServer, directory: str
+) -> None:
+    # Q's entry must stop answering once P's later write is acknowledged: P stamps the
+    # table the anchor names now, not the removed one it mapped.
+    log = Log()
+    older = make(server.location, directory, 0)
+    store = tier(older)
+    newer = _stamps_table_removed(older, directory, server)
+    log.set(newer, 1, "k", 2)
+    assert tier(newer).flush(LANDING_WAIT)
+    store.behind.pause()  # P's copy has not landed yet...
+    try:
+        log.set(older, 0, "k", 3)  # ...acknowledged
+        server.flush()  # ...when memcached loses the key
+        for process, each in ((1, newer), (0, older)):
+            assert log.get(each, process, "k") is None  # not Q's 2
+    finally:
+        store.behind.resume()
+    assert store.flush(LANDING_WAIT)
+    server.flush()
+    for process, each in ((0, older), (1, newer)):
+        assert log.get(each, process, "k") == 3
+    assert log.stale_reads() == []
+
+
+def test_a_process_whose_stamps_table_vanished_reads_the_others_stamps(
+    server: MemcachedServer, directory: str
+) -> None:
+    # P's own older copy, landed under P's stamp in the removed table, must not answer P
+    # once Q's later write is acknowledged: P reads the table the anchor names now.
+    log = Log()
+    older = make(server.location, directory, 0)
+    log.set(older, 0, "k", 1)
+    assert tier(older).flush(LANDING_WAIT)
+    newer = _stamps_table_removed(older, directory, server)
+    store = tier(newer)
+    store.behind.pause()  # Q's copy has not landed yet...
+    try:
+        log.set(newer, 1, "k", 2)  # ...acknowledged
+        server.flush()  # ...when memcached loses the key
+        for process, each in ((0, older), (1, newer)):
+            assert log.get(each, process, "k") is None  # not P's 1
+    finally:
+        store.behind.resume()
+    assert store.flush(LANDING_WAIT)
+    server.flush()
+    for process, each in ((0, older), (1, newer)):
+        assert log.get(each, process, "k") == 2
+    assert log.stale_reads() == []
+
+
+def test_a_process_whose_stamps_anchor_was_removed_moves_to_the_directory_s_at_its_check(
+    server: MemcachedServer, directory: str
+) -> None:
+    # A temp cleaner removes the anchor alone (it is written only when a table is made);
+    # Q, started afterwards, makes another anchor and table. P's check of the files moves
+    # its stamps there, so its later write hides Q's older entry.
+    from django_fastcache.maintenance import check_files, maintenance
+
+    log = Log()
+    older = make(server.location, directory, 0)
+    store = tier(older)
+    maintenance.unregister(store)  # the test moves P itself
+    try:
+        os.unlink(store.stamps.path)
+        newer = make(server.location, directory, 1)
+        assert tier(newer).stamps.table_path != store.stamps.table_path
+        check_files(store)
+        assert store.stamps.table_path == tier(newer).stamps.table_path
+        log.set(newer, 1, "k", 2)
+        assert tier(newer).flush(LANDING_WAIT)
+        store.behind.pause()  # P's copy has not landed yet...
+        try:
+            log.set(older, 0, "k", 3)  # ...acknowledged
+            server.flush()  # ...when memcached loses the key
+            for process, each in ((1, newer), (0, older)):
+                assert log.get(each, process, "k") is None  # not Q's 2
+        finally:
+            store.behind.resume()
+        assert store.flush(LANDING_WAIT)
+        server.flush()
+        for process, each in ((0, older), (1, newer)):
+            assert log.get(each, process, "k") == 3
+    finally:
+        maintenance.register(store)
+    assert log.stale_reads() == []
+
+
 @pytest.mark.xfail(
     strict=True, reason="the window docs/disk-tier.md describes: writes make no check of the files"
 )

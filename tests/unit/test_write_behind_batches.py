@@ -72,7 +72,7 @@ class RacingQueue(collections.deque[Any]):
 
 def test_a_burst_of_a_batch_lands_before_the_interval_ends(tmp_path: Path) -> None:
     store = DiskStore(str(tmp_path / "values"), shards=2)
-    stamps = WriteStamps(str(tmp_path / "stamps.state"))
+    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
     # An interval no test outlives: only the burst can make the writer land again.
     writer = WriteBehind(store, stamps, interval=3600.0)
     wake = start_idle(writer)
@@ -95,7 +95,7 @@ def test_a_burst_of_a_batch_lands_before_the_interval_ends(tmp_path: Path) -> No
 
 def test_a_burst_wakes_the_writer_when_two_puts_race_past_a_batch(tmp_path: Path) -> None:
     store = DiskStore(str(tmp_path / "values"), shards=2)
-    stamps = WriteStamps(str(tmp_path / "stamps.state"))
+    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
     writer = WriteBehind(store, stamps, interval=3600.0)  # only a burst lands again
     queue = writer._queue = RacingQueue()
     wake = start_idle(writer)
@@ -119,7 +119,7 @@ def test_a_burst_wakes_the_writer_when_two_puts_race_past_a_batch(tmp_path: Path
 
 def test_the_exit_waits_for_a_batch_being_landed(tmp_path: Path, monkeypatch: Any) -> None:
     store = DiskStore(str(tmp_path / "values"), shards=2)
-    stamps = WriteStamps(str(tmp_path / "stamps.state"))
+    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
     writer = WriteBehind(store, stamps, interval=3600.0)
     landing, go = threading.Event(), threading.Event()
     land = store.land

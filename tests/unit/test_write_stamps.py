@@ -1,33 +1,313 @@
-"""The host-wide write stamps table: moving to the directory's file once it was replaced."""
+"""The host-wide write stamps table: named by the anchor in the tier's directory, kept in
+shared memory (a directory standing in for /dev/shm, but in one test), followed by every
+process when it moves, and swept when no anchor names it any more."""
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import shutil
+import signal
+import time
 from pathlib import Path
+from typing import Any
 
-from django_fastcache.disk.stamps import WriteStamps
+import pytest
+
+from django_fastcache.disk import stamps
+from django_fastcache.disk.stamps import FILE, SHM, WriteStamps, shm_directory
 
 
-def test_reopen_moves_to_the_file_now_at_the_path(tmp_path: Path) -> None:
-    path = str(tmp_path / "stamps.state")
-    moving = WriteStamps(path)
-    os.unlink(path)  # the directory's file removed under the process...
-    staying = WriteStamps(path)  # ...and made again by a process started afterwards
+@pytest.fixture
+def shm(tmp_path: Path) -> str:
+    root = tmp_path / "shm"
+    root.mkdir()
+    return str(root)
+
+
+@pytest.fixture
+def anchor(tmp_path: Path) -> str:
+    directory = tmp_path / "disk"
+    directory.mkdir()
+    return str(directory / "stamps.anchor")
+
+
+def test_two_instances_on_one_anchor_stamp_one_table_in_shared_memory(
+    anchor: str, shm: str
+) -> None:
+    first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    assert first.shared
+    assert first.mode == SHM
+    assert first.table_path == second.table_path
+    assert os.path.dirname(first.table_path) == shm_directory(shm)
+    assert os.stat(shm_directory(shm)).st_mode & 0o777 == 0o700
+    assert first.bump(b"k") == second.current(b"k")
+    assert second.bump(b"j", gone=True) == first.current(b"j")
+    assert os.listdir(os.path.dirname(anchor)) == ["stamps.anchor"]  # nothing else on disk
+
+
+def test_the_default_root_is_dev_shm(anchor: str) -> None:
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    first = WriteStamps(anchor)
+    try:
+        assert first.mode == SHM
+        assert first.table_path.startswith(shm_directory("/dev/shm") + os.sep)
+        stamp = first.bump(b"k")
+        assert WriteStamps(anchor).current(b"k") == stamp
+    finally:
+        os.unlink(first.table_path)
+
+
+def test_reopen_moves_to_the_anchor_now_at_the_path(anchor: str, shm: str) -> None:
+    moving = WriteStamps(anchor, shm_root=shm)
+    os.unlink(anchor)  # the directory's anchor removed under the process...
+    staying = WriteStamps(anchor, shm_root=shm)  # ...made again by a process started later
+    assert staying.table_path != moving.table_path
     before = moving.bump(b"k")
-    assert staying.current(b"k") != before  # stamped in the removed file: unseen
+    assert staying.current(b"k") != before  # stamped in the table left behind: unseen
     moving.reopen()
     assert moving.shared
+    assert moving.table_path == staying.table_path
     stamp = moving.bump(b"k")
     assert staying.current(b"k") == stamp == moving.current(b"k")
     assert staying.bump(b"j") == moving.current(b"j")
 
 
-def test_reopen_on_a_file_it_cannot_open_keeps_a_table_of_its_own(tmp_path: Path) -> None:
-    path = tmp_path / "stamps.state"
-    stamps = WriteStamps(str(path))
-    path.unlink()
-    path.mkdir()  # not a file: it cannot be opened
-    stamps.reopen()
-    assert not stamps.shared
-    stamp = stamps.bump(b"k")
-    assert stamps.current(b"k") == stamp
+def test_an_anchor_removed_under_the_processes_is_noticed_and_the_first_to_move_pulls_the_rest(
+    anchor: str, shm: str
+) -> None:
+    mover, other = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    assert not mover.replaced()
+    os.unlink(anchor)  # a temp cleaner: the anchor is written only when a table is made
+    assert mover.replaced()
+    newer = WriteStamps(anchor, shm_root=shm)  # a process started afterwards
+    assert mover.replaced()
+    assert other.replaced()
+    mover.reopen()
+    assert not mover.replaced()
+    assert mover.table_path == newer.table_path
+    stamp = newer.bump(b"k")
+    assert other.current(b"k") == stamp  # it followed at once: the mover marked the anchor
+    assert other.table_path == newer.table_path
+    assert not other.replaced()
+
+
+def test_reopen_on_the_directory_s_anchor_moves_nobody(anchor: str, shm: str) -> None:
+    first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    table = first.table_path
+    first.reopen()
+    stamp = second.bump(b"k")
+    assert first.current(b"k") == stamp
+    assert first.table_path == second.table_path == table
+
+
+def test_reopen_after_the_directory_was_removed_and_made_again(anchor: str, shm: str) -> None:
+    moving = WriteStamps(anchor, shm_root=shm)
+    shutil.rmtree(os.path.dirname(anchor))
+    os.mkdir(os.path.dirname(anchor))
+    staying = WriteStamps(anchor, shm_root=shm)
+    moving.reopen()
+    assert moving.table_path == staying.table_path
+    assert moving.bump(b"k") == staying.current(b"k")
+    assert staying.bump(b"k") == moving.current(b"k")
+
+
+def test_reopen_on_an_anchor_it_cannot_open_keeps_a_table_of_its_own(anchor: str, shm: str) -> None:
+    own = WriteStamps(anchor, shm_root=shm)
+    os.unlink(anchor)
+    os.mkdir(anchor)  # not a file: it cannot be opened
+    own.reopen()
+    assert not own.shared
+    assert own.mode == 0
+    stamp = own.bump(b"k")
+    assert own.current(b"k") == stamp
+
+
+def test_an_anchor_that_is_a_symlink_is_refused(anchor: str, shm: str, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.anchor"
+    WriteStamps(str(elsewhere), shm_root=shm)
+    os.symlink(elsewhere, anchor)
+    own = WriteStamps(anchor, shm_root=shm)
+    assert not own.shared
+    stamp = own.bump(b"k")
+    assert own.current(b"k") == stamp
+
+
+def test_a_vanished_table_is_replaced_by_one_in_the_directory_that_every_process_follows(
+    anchor: str, shm: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    reading, writing = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    earlier = writing.bump(b"k")
+    os.unlink(writing.table_path)  # RemoveIPC, an admin...
+    with caplog.at_level(logging.WARNING, logger="django_fastcache"):
+        newer = WriteStamps(anchor, shm_root=shm)
+    assert newer.mode == FILE
+    assert newer.shared
+    assert os.path.dirname(newer.table_path) == os.path.dirname(anchor)
+    assert "RemoveIPC" in caplog.text
+    assert "miss" in caplog.text
+    # The older instances follow at their next call, a read or a write.
+    assert reading.current(b"k") == 0 != earlier  # the earlier stamps are gone
+    assert reading.table_path == newer.table_path
+    assert writing.bump(b"j") == newer.current(b"j")
+    assert writing.table_path == newer.table_path
+    assert newer.bump(b"k") == reading.current(b"k") == writing.current(b"k")
+    # The table stays in the directory (every process meets there), shm usable or not.
+    assert WriteStamps(anchor, shm_root=shm).table_path == newer.table_path
+
+
+def test_a_new_boot_gets_a_new_table(anchor: str, shm: str, monkeypatch: Any) -> None:
+    before = WriteStamps(anchor, shm_root=shm)
+    stamp = before.bump(b"k")
+    old_table = before.table_path
+    monkeypatch.setattr(stamps, "_boot_id", lambda: 0x1234)
+    after = WriteStamps(anchor, shm_root=shm)
+    assert after.mode == SHM
+    assert after.table_path != old_table
+    assert not os.path.exists(old_table)  # named no more
+    assert after.current(b"k") == 0
+    assert before.current(b"k") == 0 != stamp  # followed the anchor
+    assert WriteStamps(anchor, shm_root=shm).table_path == after.table_path  # and it stays
+
+
+def _missing(root: str) -> None:
+    os.rmdir(root)
+
+
+def _symlinked(root: str) -> None:
+    target = root + "-target"
+    os.mkdir(target, 0o700)
+    os.symlink(target, shm_directory(root))
+
+
+def _open_to_others(root: str) -> None:
+    os.mkdir(shm_directory(root))
+    os.chmod(shm_directory(root), 0o755)
+
+
+def _another_owner(root: str) -> None:
+    if os.getuid() != 0:
+        pytest.skip("giving a directory to another user takes root")
+    os.mkdir(shm_directory(root), 0o700)
+    os.chown(shm_directory(root), 65534, 65534)
+
+
+@pytest.mark.parametrize("spoil", [_missing, _symlinked, _open_to_others, _another_owner])
+def test_an_unusable_shared_memory_root_puts_the_table_in_the_directory(
+    anchor: str, shm: str, spoil: Any
+) -> None:
+    spoil(shm)
+    first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    assert first.shared
+    assert first.mode == FILE
+    assert os.path.dirname(first.table_path) == os.path.dirname(anchor)
+    assert first.table_path == second.table_path
+    assert first.bump(b"k") == second.current(b"k")
+
+
+def test_a_full_shared_memory_puts_the_table_in_the_directory(
+    anchor: str, shm: str, monkeypatch: Any
+) -> None:
+    allocate = os.posix_fallocate
+
+    def full(fd: int, offset: int, length: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(shm + os.sep):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        allocate(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    first = WriteStamps(anchor, shm_root=shm)
+    assert first.shared
+    assert first.mode == FILE
+    assert os.listdir(shm_directory(shm)) == []  # the table it began is gone
+    stamp = first.bump(b"k")
+    assert WriteStamps(anchor, shm_root=shm).current(b"k") == stamp
+
+
+def test_a_sweep_removes_old_tables_no_anchor_names(
+    tmp_path: Path, shm: str, monkeypatch: Any
+) -> None:
+    def make(name: str) -> WriteStamps:
+        directory = tmp_path / name
+        directory.mkdir(exist_ok=True)
+        return WriteStamps(str(directory / "stamps.anchor"), shm_root=shm)
+
+    removed = make("removed")  # its directory will be deleted
+    replaced = make("replaced")  # its anchor will name another table
+    live = make("live")
+    shutil.rmtree(tmp_path / "removed")
+    os.unlink(tmp_path / "replaced" / "stamps.anchor")
+    replacing = make("replaced")
+    junk = os.path.join(shm_directory(shm), "0000000000000001.stamps")  # no header
+    Path(junk).write_bytes(b"")
+    other = os.path.join(shm_directory(shm), "other")
+    Path(other).write_bytes(b"")
+    make("young")  # a sweep: all of them younger than SWEEP_AGE
+    assert os.path.exists(removed.table_path)
+    assert os.path.exists(replaced.table_path)
+    assert os.path.exists(junk)
+    monkeypatch.setattr(stamps, "SWEEP_AGE", -1.0)  # from now on every table is old enough
+    last = make("last")
+    left = set(os.listdir(shm_directory(shm)))
+    assert os.path.basename(removed.table_path) not in left
+    assert os.path.basename(replaced.table_path) not in left
+    assert os.path.basename(junk) not in left
+    for kept in (live, replacing, last):
+        assert os.path.basename(kept.table_path) in left
+    assert "other" in left  # not a table's name
+    stamp = live.bump(b"k")
+    assert make("live").current(b"k") == stamp
+
+
+def test_reset_hides_every_stamp_for_every_process(anchor: str, shm: str) -> None:
+    first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    first.bump(b"k")
+    second.reset()
+    assert first.current(b"k") == 0
+
+
+def test_the_previous_format_s_table_is_removed(anchor: str, shm: str) -> None:
+    old = os.path.join(os.path.dirname(anchor), "stamps.state")
+    Path(old).write_bytes(bytes(4096))
+    WriteStamps(anchor, shm_root=shm)
+    assert not os.path.exists(old)
+
+
+def test_a_test_run_drops_the_tables_of_its_directories(tmp_path: Path, shm: str) -> None:
+    from django_fastcache.testing.stamps import drop_tables
+
+    (tmp_path / "run" / "a").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    dropped = WriteStamps(str(tmp_path / "run" / "a" / "stamps.anchor"), shm_root=shm)
+    kept = WriteStamps(str(tmp_path / "other" / "stamps.anchor"), shm_root=shm)
+    drop_tables(tmp_path / "run", shm_root=shm)
+    assert not os.path.exists(dropped.table_path)
+    assert os.path.exists(kept.table_path)
+
+
+def _exit_status(pid: int, deadline: float = 20.0) -> int:
+    """The child's exit status; -1 when it had to be killed (it hung)."""
+    end = time.monotonic() + deadline
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > end:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -1
+        time.sleep(0.005)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_while_a_thread_followed_follows_too(anchor: str, shm: str) -> None:
+    own = WriteStamps(anchor, shm_root=shm)
+    os.unlink(own.table_path)
+    stamp = WriteStamps(anchor, shm_root=shm).bump(b"k")  # in a new table
+    with own._lock:  # another thread of the parent following at the fork
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if own.current(b"k") == stamp else 1)
+    assert _exit_status(pid) == 0
