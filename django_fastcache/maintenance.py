@@ -4,7 +4,8 @@ Nothing here ever runs on a request. While any node is out (as the host-wide nod
 says, whichever process marked it), the thread probes it with ``version`` on backoff
 (0.05 s, doubling, at most ``MAX_BACKOFF``); a node that answers has its journal replayed
 as deletes and is marked up (:meth:`TieredStore.bring_back`). Every ``CULL_INTERVAL``
-seconds the disk tiers drop expired entries and evict down to their size limit.
+seconds the disk tiers drop expired entries and evict down to their size limit, and the
+write stamps anchors are touched (an age-based temp cleaner then leaves them alone).
 
 The thread is a daemon started on first need, and started again in a forked child.
 """
@@ -105,6 +106,7 @@ class Maintenance:
             now = time.monotonic()
             if now >= next_cull:
                 for store in stores:
+                    store.stamps.touch()
                     try:
                         store.disk.cull()
                     except DiskError as exc:

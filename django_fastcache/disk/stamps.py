@@ -366,6 +366,14 @@ class WriteStamps:
             return False  # cannot tell
         return (info.st_dev, info.st_ino) != identity
 
+    def touch(self) -> None:
+        """Mark the anchor as in use (its modification time now): it is written only when
+        a table is made, and an age-based temp cleaner would otherwise take it while the
+        processes run. The maintenance thread calls this once a minute."""
+        if self._identity is not None:
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
     # -- opening ----------------------------------------------------------------------------
     def _move(self) -> None:
         left, left_identity = self._anchor, self._identity

@@ -268,6 +268,14 @@ def test_reset_hides_every_stamp_for_every_process(anchor: str, shm: str) -> Non
     assert first.current(b"k") == 0
 
 
+def test_touch_marks_the_anchor_in_use_for_age_based_cleaners(anchor: str, shm: str) -> None:
+    stamps = WriteStamps(anchor, shm_root=shm)
+    os.utime(anchor, (1_000_000, 1_000_000))  # as old as a cleaner would take
+    stamps.touch()
+    assert time.time() - os.stat(anchor).st_mtime < 3600
+    assert not stamps.replaced()  # the same file, only its times changed
+
+
 def test_the_previous_format_s_table_is_removed(anchor: str, shm: str) -> None:
     old = os.path.join(os.path.dirname(anchor), "stamps.state")
     Path(old).write_bytes(bytes(4096))
