@@ -138,24 +138,24 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
     directory = options.disk_directory or default_directory(servers)
     try:
         prepare_directory(directory)
-    except OSError as exc:
+        tiered = TieredStore(
+            client.cluster,
+            blocking,
+            DiskStore(
+                os.path.join(directory, "values"),
+                shards=options.disk_shards,
+                size_limit=options.disk_size_limit,
+                eviction_policy=options.disk_eviction_policy,
+                timeout=options.disk_timeout,
+            ),
+            Journal(os.path.join(directory, "journal.sqlite3")),
+            NodeStates(os.path.join(directory, "nodes"), client.cluster.node_ids),
+            max_staleness=options.disk_max_staleness,
+            on_node_out=lambda node_id: _announce_node_out(node_id, directory),
+            directory=directory,
+        )
+    except OSError as exc:  # the directory refused, or its write stamps not to be had
         raise ImproperlyConfigured(f"FastCache disk tier: {exc}") from exc
-    tiered = TieredStore(
-        client.cluster,
-        blocking,
-        DiskStore(
-            os.path.join(directory, "values"),
-            shards=options.disk_shards,
-            size_limit=options.disk_size_limit,
-            eviction_policy=options.disk_eviction_policy,
-            timeout=options.disk_timeout,
-        ),
-        Journal(os.path.join(directory, "journal.sqlite3")),
-        NodeStates(os.path.join(directory, "nodes"), client.cluster.node_ids),
-        max_staleness=options.disk_max_staleness,
-        on_node_out=lambda node_id: _announce_node_out(node_id, directory),
-        directory=directory,
-    )
     maintenance.register(tiered)
     return Shared(client, blocking, tiered, tiered)
 

@@ -49,14 +49,22 @@ with the table's it maps (one memory read) and follows a new table before going 
   ``/dev/shm`` then all meet at the directory's file instead of taking turns replacing
   each other's tables. Without a usable ``/dev/shm`` (missing, full, or the user's
   directory in it not private) the table is a file in the directory from the start.
-* The anchor is written only when a table is made, so an age-based temp cleaner may remove
-  it under running processes, and the next process makes another: the maintenance
-  thread's check of the files (:meth:`WriteStamps.replaced`, every 0.1 s) moves a process
-  to the directory's anchor, and the first to move zeroes the id in the anchor it left, so
-  that the others still on it follow at their next call.
-* Each table pins its 8 MiB of memory while it exists, and a directory removed with its
-  anchor leaves its table behind: whoever makes a table in ``/dev/shm`` also removes the
-  tables there (older than :data:`SWEEP_AGE`) that no anchor names any more.
+* The anchor is written only when a table is made: the maintenance thread touches it (and
+  the table) once a minute, so that an age-based temp cleaner leaves it alone. One removed
+  all the same under running processes (the next process then makes another) is found by
+  that thread's check of the files (:meth:`WriteStamps.replaced`, every 0.1 s), which moves
+  the process to the directory's anchor; the first to move zeroes the id in the anchor it
+  left, so that the others still on it follow at their next call. Until the first moves,
+  a process started since stamps another table (the window of a directory deleted and
+  made again, docs/disk-tier.md).
+* Every process of the directory stamps the table the anchor names, or does not run with
+  the tier: one that can neither open nor make it refuses to start (OSError), and a
+  running one that cannot follow it now (out of descriptors) keeps trying at every call
+  and meanwhile answers no read from disk (``current`` says 0).
+* Each table pins its 8 MiB of memory while it exists, and while a process that left it
+  still runs (it stays mapped there); a directory removed with its anchor leaves its table
+  behind: whoever makes a table in ``/dev/shm`` also removes the tables there neither made
+  nor touched for :data:`SWEEP_AGE` seconds that no anchor names any more.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import math
 import mmap
 import os
 import random
@@ -78,9 +87,11 @@ from ..logs import logger
 
 #: Where the tables go when it is usable: a private directory per user under it.
 SHM_ROOT = "/dev/shm"
-#: Seconds a table in SHM_ROOT lives at least before a sweep may remove it (one whose
-#: anchor is being written is younger).
-SWEEP_AGE = 60.0
+#: Seconds since a table in SHM_ROOT was last made or touched before a sweep may remove
+#: it: every process using a table touches it once a minute (its maintenance thread), so a
+#: table named by a path that no longer resolves (a directory renamed, or reached by
+#: another path in a container) is kept while it is in use.
+SWEEP_AGE = 600.0
 #: Slots of the table: 2**20 (8 MiB), few enough collisions for a million live keys.
 SLOT_BITS = 20
 _SLOT_MASK = (1 << SLOT_BITS) - 1
@@ -192,10 +203,10 @@ def _named(ident: int, anchor: str) -> bool:
 
 
 def sweep(directory: str, keep: str) -> None:
-    """Remove the tables in ``directory`` (but ``keep``) older than :data:`SWEEP_AGE` that
-    no anchor names any more, or that never got a header (a creation cut short): each
-    pins its memory while it exists. The directory is this user's alone, so nothing else
-    lives there. Errors leave a table in place."""
+    """Remove the tables in ``directory`` (but ``keep``) neither made nor touched for
+    :data:`SWEEP_AGE` seconds that no anchor names any more, or that never got a header (a
+    creation cut short): each pins its memory while it exists. The directory is this
+    user's alone, so nothing else lives there. Errors leave a table in place."""
     cutoff = time.time() - SWEEP_AGE
     try:
         entries = list(os.scandir(directory))
@@ -205,7 +216,8 @@ def sweep(directory: str, keep: str) -> None:
         if not entry.name.endswith(".stamps") or entry.path == keep:
             continue
         try:
-            if entry.stat(follow_symlinks=False).st_ctime >= cutoff:
+            # (Modification time: set when the table is made, and by every touch.)
+            if entry.stat(follow_symlinks=False).st_mtime >= cutoff:
                 continue
             found = table_anchor(entry.path)
             if found is None or not _named(*found):
@@ -245,21 +257,27 @@ def _create_table(path: str, ident: int, anchor: str, *, strict: bool) -> mmap.m
 
 
 def _open_table(path: str, ident: int) -> tuple[mmap.mmap | None, str]:
-    """The table at ``path`` if it is ``ident``'s; else None and why not."""
+    """The table at ``path`` if it is ``ident``'s; else None and why it is gone (missing,
+    another user's or not a file, another table's header). Any other failure (out of
+    descriptors or memory) raises OSError: the table may well be there, and must not be
+    replaced for it."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, "no such file"
     except OSError as exc:
-        return None, os.strerror(exc.errno or 0).lower()
+        if exc.errno == errno.ELOOP:
+            return None, "a symbolic link"
+        raise
     try:
         if not _is_ours(fd, _SIZE):
             return None, "not a table of this user"
         table = mmap.mmap(fd, _SIZE, flags=_MAP_FLAGS)
-    except OSError as exc:
-        return None, os.strerror(exc.errno or 0).lower()
     finally:
         os.close(fd)
     magic, found, _length = _HEADER.unpack_from(table)
     if magic != _TABLE_MAGIC or found != ident:
+        table.close()
         return None, "another table's header"
     return table, ""
 
@@ -285,13 +303,17 @@ class _Opened:
         self.ident = ident
         self.mode = mode
         self.path = path
-        #: (device, inode) of the anchor file; None for a table of the process's own.
+        #: (device, inode) of the anchor file.
         self.identity = identity
 
 
 class WriteStamps:
     """The host-wide table of write stamps named by the anchor at ``path`` (made when
-    missing); a new table goes in ``shm_root`` when that is usable."""
+    missing); a new table goes in ``shm_root`` when that is usable.
+
+    OSError when neither the anchor nor a table can be opened or made (a full disk, a file
+    of another user): a process whose writes stamped a table of its own would leave the
+    other processes' older entries answering, so it must not run with the tier."""
 
     def __init__(self, path: str, *, shm_root: str = SHM_ROOT) -> None:
         self.path = path
@@ -300,14 +322,21 @@ class WriteStamps:
         #: reading ``_words`` and storing to it.
         self._retired: list[mmap.mmap] = []
         self._lock = threading.Lock()
+        #: ``time.monotonic()`` of the latest warning that the anchor's table could not be
+        #: followed.
+        self._warned = -math.inf
         _instances.add(self)
-        opened = self._open()
-        #: False when the anchor or a table could not be opened (a read-only or unusable
-        #: directory, a file of another user): the table is then this process's own
-        #: memory, and other processes do not see its stamps.
-        self.shared = opened is not None
-        if opened is None:
-            opened = _private()
+        try:
+            opened = self._open()
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"the disk tier's write stamps (anchor {path}) could not be opened or made: "
+                f"{exc.strerror or exc}; every process sharing the directory must stamp one "
+                "table. Fix: free space in the directory (or /dev/shm), check that its files "
+                "are this user's and the process's descriptor limit, or set disk_tier to "
+                "False",
+            ) from exc
         self._install(opened)
 
     # -- the per-call check -----------------------------------------------------------------
@@ -322,9 +351,10 @@ class WriteStamps:
         return stamp
 
     def current(self, key: bytes) -> int:
-        """The stamp of ``key``'s slot now (0: never written)."""
-        if self._anchor[_A_ID] != self._id:
-            self._follow()
+        """The stamp of ``key``'s slot now (0: never written, or the anchor's table cannot
+        be followed: nothing on disk answers then)."""
+        if self._anchor[_A_ID] != self._id and not self._follow():
+            return 0
         stamp: int = self._words[_HEADER_WORDS + (zlib.crc32(key) & _SLOT_MASK)]
         return stamp
 
@@ -334,13 +364,15 @@ class WriteStamps:
             self._follow()
         self._map[_PAGE:] = bytes(_SIZE - _PAGE)
 
-    def _follow(self) -> None:
+    def _follow(self) -> bool:
         """The anchor names another table than the one mapped: map that one (a write
         stamped in the old table meanwhile is stamped gone in the new one when memcached
-        answers it: its stamp is not the slot's there)."""
+        answers it: its stamp is not the slot's there). False when it cannot be opened
+        now: the next call tries again."""
         with self._lock:
-            if self._anchor[_A_ID] != self._id:  # unless another thread moved first
-                self._move()
+            if self._anchor[_A_ID] == self._id:  # another thread moved first
+                return True
+            return self._move()
 
     def reopen(self) -> None:
         """Map the anchor at ``path`` again, and the table it names, once the directory
@@ -367,25 +399,42 @@ class WriteStamps:
         return (info.st_dev, info.st_ino) != identity
 
     def touch(self) -> None:
-        """Mark the anchor as in use (its modification time now): it is written only when
-        a table is made, and an age-based temp cleaner would otherwise take it while the
-        processes run. The maintenance thread calls this once a minute."""
-        if self._identity is not None:
+        """Mark the anchor and the table as in use (their modification time now): the
+        anchor is written only when a table is made, and an age-based temp cleaner would
+        otherwise take it while the processes run; a table touched lately is not swept. The
+        maintenance thread calls this once a minute."""
+        for path in (self.path, self.table_path):
             with contextlib.suppress(OSError):
-                os.utime(self.path)
+                os.utime(path)
 
     # -- opening ----------------------------------------------------------------------------
-    def _move(self) -> None:
+    def _move(self) -> bool:
         left, left_identity = self._anchor, self._identity
-        opened = self._open()
-        self.shared = opened is not None
+        try:
+            opened = self._open()
+        except OSError as exc:
+            # Out of descriptors or memory, say. The table mapped stays; reads from disk
+            # miss and writes land nothing until a later call follows (``current`` says 0).
+            now = time.monotonic()
+            if now - self._warned >= 60.0:
+                self._warned = now
+                logger.warning(
+                    "the disk tier's write stamps at %s could not be followed to the table "
+                    "the directory's processes use (%s); until this process can, it answers "
+                    "no read from disk and lands no write there, and its writes do not hide "
+                    "the others' older disk entries",
+                    self.path,
+                    exc,
+                )
+            return False
         self._retired.extend([self._map, self._anchor_map])
-        self._install(opened if opened is not None else _private())
-        if left_identity is not None and self._identity not in (None, left_identity):
+        self._install(opened)
+        if self._identity != left_identity:
             # The anchor left is no longer the directory's: the processes still on it
             # follow at their next stamp or read (its id 0 names no table), not at their
             # own check of the files.
             left[_A_ID] = 0
+        return True
 
     def _install(self, opened: _Opened) -> None:
         # The table first: a thread passing the check against the old anchor then stores
@@ -396,19 +445,17 @@ class WriteStamps:
         self._anchor = memoryview(opened.anchor).cast("Q")
         self._id = opened.ident
         self._identity = opened.identity
-        #: SHM, FILE, or 0 (this process's own table), and the table's path ("" if own).
+        #: SHM or FILE, and the table's path.
         self.mode = opened.mode
         self.table_path = opened.path
 
-    def _open(self) -> _Opened | None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError:
-            return None
+    def _open(self) -> _Opened:
+        """The anchor at ``path`` and the table it names (made if need be); OSError when
+        they cannot be opened or made."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             if not _is_ours(fd):
-                logger.debug("write stamps: %s is not a file of this user", self.path)
-                return None
+                raise OSError(errno.EPERM, "not a regular file of this user")
             # One process at a time reads the anchor, makes a table and writes the anchor.
             fcntl.flock(fd, fcntl.LOCK_EX)
             if os.fstat(fd).st_size < _PAGE:
@@ -417,12 +464,9 @@ class WriteStamps:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(os.path.dirname(self.path), _OLD_TABLE))
             opened = self._open_named(anchor)
-            if opened is not None:
-                info = os.fstat(fd)
-                opened.identity = (info.st_dev, info.st_ino)
+            info = os.fstat(fd)
+            opened.identity = (info.st_dev, info.st_ino)
             return opened
-        except OSError:
-            return None
         finally:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -433,13 +477,19 @@ class WriteStamps:
             return os.path.join(shm_directory(self.shm_root), f"{ident:016x}.stamps")
         return os.path.join(os.path.dirname(self.path), f"stamps-{ident:016x}.table")
 
-    def _open_named(self, anchor: mmap.mmap) -> _Opened | None:
+    def _open_named(self, anchor: mmap.mmap) -> _Opened:
         """The table the anchor names, or a new one (the anchor's lock held)."""
         words = memoryview(anchor).cast("Q")
         magic, boot, ident, mode = words[_A_MAGIC], words[_A_BOOT], words[_A_ID], words[_A_MODE]
         words.release()
         this_boot = _boot_id()
-        if magic != _ANCHOR_MAGIC or ident == 0 or mode not in (SHM, FILE) or boot != this_boot:
+        # (A boot id that cannot be read now, 0, keeps the table.)
+        if (
+            magic != _ANCHOR_MAGIC
+            or ident == 0
+            or mode not in (SHM, FILE)
+            or (this_boot and boot != this_boot)
+        ):
             # A new directory, or one from before a reboot, whose stamps may be older than
             # its entries: a new table (every entry then misses).
             previous = self._table_path(mode, ident) if magic == _ANCHOR_MAGIC and ident else ""
@@ -465,7 +515,7 @@ class WriteStamps:
         )
         return self._make(anchor, this_boot, FILE, path)
 
-    def _make(self, anchor: mmap.mmap, boot: int, mode: int, previous: str) -> _Opened | None:
+    def _make(self, anchor: mmap.mmap, boot: int, mode: int, previous: str) -> _Opened:
         """A new table (in shm when ``mode`` says so and it can be made there), named by
         the anchor from now on; the table at ``previous`` removed."""
         ident = _new_id()
@@ -479,10 +529,7 @@ class WriteStamps:
                 logger.debug("write stamps: no table in %s (%s); table on disk", path, exc)
         if table is None:
             mode, path = FILE, self._table_path(FILE, ident)
-            try:
-                table = _create_table(path, ident, name, strict=False)
-            except OSError:
-                return None
+            table = _create_table(path, ident, name, strict=False)
         words = memoryview(anchor).cast("Q")
         # The id last, as the others read it without the lock; and 0 first, so that an
         # opener after a crash in between makes a table rather than trusting the rest.
@@ -498,14 +545,6 @@ class WriteStamps:
         if mode == SHM:
             sweep(os.path.dirname(path), path)
         return _Opened(anchor, table, ident, mode, path)
-
-
-def _private() -> _Opened:
-    """A table of this process's own, and an anchor that always names it."""
-    ident = _new_id()
-    anchor = mmap.mmap(-1, _PAGE)
-    memoryview(anchor).cast("Q")[_A_ID] = ident
-    return _Opened(anchor, mmap.mmap(-1, _SIZE), ident, 0, "")
 
 
 _instances: weakref.WeakSet[WriteStamps] = weakref.WeakSet()

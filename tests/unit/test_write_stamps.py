@@ -37,7 +37,6 @@ def test_two_instances_on_one_anchor_stamp_one_table_in_shared_memory(
     anchor: str, shm: str
 ) -> None:
     first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
-    assert first.shared
     assert first.mode == SHM
     assert first.table_path == second.table_path
     assert os.path.dirname(first.table_path) == shm_directory(shm)
@@ -68,7 +67,6 @@ def test_reopen_moves_to_the_anchor_now_at_the_path(anchor: str, shm: str) -> No
     before = moving.bump(b"k")
     assert staying.current(b"k") != before  # stamped in the table left behind: unseen
     moving.reopen()
-    assert moving.shared
     assert moving.table_path == staying.table_path
     stamp = moving.bump(b"k")
     assert staying.current(b"k") == stamp == moving.current(b"k")
@@ -114,25 +112,74 @@ def test_reopen_after_the_directory_was_removed_and_made_again(anchor: str, shm:
     assert staying.bump(b"k") == moving.current(b"k")
 
 
-def test_reopen_on_an_anchor_it_cannot_open_keeps_a_table_of_its_own(anchor: str, shm: str) -> None:
-    own = WriteStamps(anchor, shm_root=shm)
+def test_reopen_on_an_anchor_it_cannot_open_keeps_the_table_it_has(anchor: str, shm: str) -> None:
+    staying = WriteStamps(anchor, shm_root=shm)
+    moving = WriteStamps(anchor, shm_root=shm)
     os.unlink(anchor)
     os.mkdir(anchor)  # not a file: it cannot be opened
-    own.reopen()
-    assert not own.shared
-    assert own.mode == 0
-    stamp = own.bump(b"k")
-    assert own.current(b"k") == stamp
+    moving.reopen()  # no table of its own: it stays where the others are
+    assert moving.table_path == staying.table_path
+    stamp = moving.bump(b"k")
+    assert staying.current(b"k") == stamp == moving.current(b"k")
 
 
 def test_an_anchor_that_is_a_symlink_is_refused(anchor: str, shm: str, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere.anchor"
     WriteStamps(str(elsewhere), shm_root=shm)
     os.symlink(elsewhere, anchor)
-    own = WriteStamps(anchor, shm_root=shm)
-    assert not own.shared
-    stamp = own.bump(b"k")
-    assert own.current(b"k") == stamp
+    with pytest.raises(OSError, match="disk_tier"):
+        WriteStamps(anchor, shm_root=shm)
+
+
+def test_no_table_at_all_refuses_the_process_rather_than_stamping_one_of_its_own(
+    anchor: str, shm: str, monkeypatch: Any
+) -> None:
+    # The table vanished and no new one can be made (a full disk): a process stamping a
+    # table of its own would leave the others' older entries answering its writes.
+    running = WriteStamps(anchor, shm_root=shm)
+    os.unlink(running.table_path)
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError, match="could not be opened or made"):
+        WriteStamps(anchor, shm_root=shm)
+    stamp = running.bump(b"k")  # the anchor still names the running processes' table
+    assert running.current(b"k") == stamp
+
+
+def test_a_process_that_cannot_follow_now_misses_and_follows_later(
+    anchor: str, shm: str, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = WriteStamps(anchor, shm_root=shm)
+    stamp = old.bump(b"k")
+    os.unlink(old.table_path)
+    new = WriteStamps(anchor, shm_root=shm)  # a table in the directory, named by the anchor
+    real_open = os.open
+
+    def out_of_descriptors(path: Any, *args: Any, **kwargs: Any) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    with caplog.at_level(logging.WARNING, logger="django_fastcache"):
+        assert old.current(b"k") == 0  # not its old table's stamp: nothing on disk answers
+        assert old.current(b"k") == 0
+    assert stamp != 0
+    assert sum("could not be followed" in r.getMessage() for r in caplog.records) == 1
+    assert os.path.exists(new.table_path)  # a passing failure replaces nothing
+    monkeypatch.setattr(os, "open", real_open)
+    assert old.bump(b"k") == new.current(b"k")
+    assert old.table_path == new.table_path
+
+
+def test_an_unreadable_boot_id_keeps_the_table(anchor: str, shm: str, monkeypatch: Any) -> None:
+    first = WriteStamps(anchor, shm_root=shm)
+    stamp = first.bump(b"k")
+    monkeypatch.setattr(stamps, "_boot_id", lambda: 0)
+    second = WriteStamps(anchor, shm_root=shm)
+    assert second.table_path == first.table_path
+    assert second.current(b"k") == stamp
 
 
 def test_a_vanished_table_is_replaced_by_one_in_the_directory_that_every_process_follows(
@@ -144,7 +191,6 @@ def test_a_vanished_table_is_replaced_by_one_in_the_directory_that_every_process
     with caplog.at_level(logging.WARNING, logger="django_fastcache"):
         newer = WriteStamps(anchor, shm_root=shm)
     assert newer.mode == FILE
-    assert newer.shared
     assert os.path.dirname(newer.table_path) == os.path.dirname(anchor)
     assert "RemoveIPC" in caplog.text
     assert "miss" in caplog.text
@@ -200,7 +246,6 @@ def test_an_unusable_shared_memory_root_puts_the_table_in_the_directory(
 ) -> None:
     spoil(shm)
     first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
-    assert first.shared
     assert first.mode == FILE
     assert os.path.dirname(first.table_path) == os.path.dirname(anchor)
     assert first.table_path == second.table_path
@@ -219,7 +264,6 @@ def test_a_full_shared_memory_puts_the_table_in_the_directory(
 
     monkeypatch.setattr(os, "posix_fallocate", full)
     first = WriteStamps(anchor, shm_root=shm)
-    assert first.shared
     assert first.mode == FILE
     assert os.listdir(shm_directory(shm)) == []  # the table it began is gone
     stamp = first.bump(b"k")
@@ -259,6 +303,30 @@ def test_a_sweep_removes_old_tables_no_anchor_names(
     assert "other" in left  # not a table's name
     stamp = live.bump(b"k")
     assert make("live").current(b"k") == stamp
+
+
+def test_a_sweep_keeps_a_table_its_processes_touch_though_its_anchor_path_moved(
+    tmp_path: Path, shm: str
+) -> None:
+    def make(name: str) -> WriteStamps:
+        directory = tmp_path / name
+        directory.mkdir()
+        return WriteStamps(str(directory / "stamps.anchor"), shm_root=shm)
+
+    moved, removed = make("moved"), make("removed")
+    os.rename(tmp_path / "moved", tmp_path / "renamed")  # its header's path resolves no more
+    shutil.rmtree(tmp_path / "removed")
+    long_ago = time.time() - 2 * stamps.SWEEP_AGE
+    for table in (moved, removed):
+        os.utime(table.table_path, (long_ago, long_ago))
+    moved.touch()  # its processes' maintenance threads: in use
+    make("sweeping")
+    left = set(os.listdir(shm_directory(shm)))
+    assert os.path.basename(moved.table_path) in left
+    assert os.path.basename(removed.table_path) not in left
+    assert moved.current(b"k") == 0
+    stamp = moved.bump(b"k")
+    assert moved.current(b"k") == stamp
 
 
 def test_reset_hides_every_stamp_for_every_process(anchor: str, shm: str) -> None:
