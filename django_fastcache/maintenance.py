@@ -36,6 +36,9 @@ class Maintenance:
     def __init__(self) -> None:
         self._stores: weakref.WeakSet[TieredStore] = weakref.WeakSet()
         self._lock = threading.Lock()
+        # Held by the thread through each round over the stores, so that unregister()
+        # returns only once the round in progress is done with the store.
+        self._round = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -59,9 +62,13 @@ class Maintenance:
         self.ensure_running()
 
     def unregister(self, store: TieredStore) -> None:
-        """Stop probing and culling ``store`` (it is being closed)."""
+        """Stop probing and culling ``store`` (it is being closed): once this returns, the
+        thread does nothing more with it."""
         with self._lock:
             self._stores.discard(store)
+        if threading.current_thread() is not self._thread:
+            with self._round:
+                pass  # the round in progress, which may hold the store, is over
 
     def node_went_out(self) -> None:
         """A request marked a node out: probe soon (the thread may be idling)."""
@@ -73,6 +80,7 @@ class Maintenance:
             self._pid = os.getpid()
             self._thread = None
             self._lock = threading.Lock()
+            self._round = threading.Lock()
             self._wake = threading.Event()
             self._next_probe.clear()
             self._out_since.clear()
@@ -92,28 +100,35 @@ class Maintenance:
     def _run(self) -> None:
         next_cull = time.monotonic() + CULL_INTERVAL
         while True:
-            with self._lock:
-                stores = list(self._stores)
-            anything_out = False
-            for store in stores:
-                try:
-                    check_files(store)
-                    anything_out |= self._probe_out_nodes(store)
-                except Exception:
-                    # Whatever went wrong with one store, the thread must go on: it is the
-                    # only thing that ever brings a node back, for every store.
-                    anything_out = True
-            now = time.monotonic()
-            if now >= next_cull:
-                for store in stores:
-                    store.stamps.touch()
-                    try:
-                        store.disk.cull()
-                    except DiskError as exc:
-                        store._disk_failed(None, exc)
-                next_cull = now + CULL_INTERVAL
+            with self._round:
+                anything_out, next_cull = self._round_over_stores(next_cull)
             self._wake.wait(MIN_BACKOFF if anything_out else IDLE_TICK)
             self._wake.clear()
+
+    def _round_over_stores(self, next_cull: float) -> tuple[bool, float]:
+        """One round: every store's files checked and nodes out probed, and the culls
+        when due. Whether a node is out, and when the next cull is due."""
+        with self._lock:
+            stores = list(self._stores)
+        anything_out = False
+        for store in stores:
+            try:
+                check_files(store)
+                anything_out |= self._probe_out_nodes(store)
+            except Exception:
+                # Whatever went wrong with one store, the thread must go on: it is the
+                # only thing that ever brings a node back, for every store.
+                anything_out = True
+        now = time.monotonic()
+        if now >= next_cull:
+            for store in stores:
+                store.stamps.touch()
+                try:
+                    store.disk.cull()
+                except DiskError as exc:
+                    store._disk_failed(None, exc)
+            next_cull = now + CULL_INTERVAL
+        return anything_out, next_cull
 
     def _probe_out_nodes(self, store: TieredStore) -> bool:
         anything_out = False
