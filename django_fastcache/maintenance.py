@@ -64,6 +64,7 @@ class Maintenance:
     def unregister(self, store: TieredStore) -> None:
         """Stop probing and culling ``store`` (it is being closed): once this returns, the
         thread does nothing more with it."""
+        self._after_fork_check()  # a child's lock may have been taken mid-round by the parent
         with self._lock:
             self._stores.discard(store)
         if threading.current_thread() is not self._thread:
@@ -208,8 +209,9 @@ def follow_state_files(store: TieredStore) -> None:
             store.directory,
         )
     stamps = store.stamps
-    if stamps.replaced():  # the anchor alone (a temp cleaner): the others stamp its table
-        stamps.reopen()
+    # The anchor alone (a temp cleaner): the others stamp its table. (A move that fails
+    # warns by itself; the check then finds the anchor replaced again, and tries again.)
+    if stamps.replaced() and stamps.reopen():
         logger.warning(
             "the disk tier's write stamps anchor %s was removed or replaced under this "
             "process; it now stamps the table the directory's anchor names, and disk entries "

@@ -57,10 +57,11 @@ with the table's it maps (one memory read) and follows a new table before going 
   left, so that the others still on it follow at their next call. Until the first moves,
   a process started since stamps another table (the window of a directory deleted and
   made again, docs/disk-tier.md).
-* Every process of the directory stamps the table the anchor names, or does not run with
-  the tier: one that can neither open nor make it refuses to start (OSError), and a
-  running one that cannot follow it now (out of descriptors) keeps trying at every call
-  and meanwhile answers no read from disk (``current`` says 0).
+* Every process of the directory stamps the table the anchor names, or stamps nothing:
+  one that can neither open nor make it cannot build the tier (OSError), and a running one
+  that cannot follow it now (out of descriptors), or cannot open the anchor that replaced
+  its own, tries again every :data:`RETRY_INTERVAL` and meanwhile answers no read from
+  disk (``current`` says 0) and refuses writes (:class:`StampsUnavailable` from ``bump``).
 * Each table pins its 8 MiB of memory while it exists, and while a process that left it
   still runs (it stays mapped there); a directory removed with its anchor leaves its table
   behind: whoever makes a table in ``/dev/shm`` also removes the tables there neither made
@@ -84,6 +85,7 @@ import weakref
 import zlib
 
 from ..logs import logger
+from .store import DiskError
 
 #: Where the tables go when it is usable: a private directory per user under it.
 SHM_ROOT = "/dev/shm"
@@ -92,6 +94,8 @@ SHM_ROOT = "/dev/shm"
 #: table named by a path that no longer resolves (a directory renamed, or reached by
 #: another path in a container) is kept while it is in use.
 SWEEP_AGE = 600.0
+#: Seconds between two tries to follow the anchor's table, while it cannot be opened.
+RETRY_INTERVAL = 0.05
 #: Slots of the table: 2**20 (8 MiB), few enough collisions for a million live keys.
 SLOT_BITS = 20
 _SLOT_MASK = (1 << SLOT_BITS) - 1
@@ -136,6 +140,12 @@ def _boot_id() -> int:
             return int(file.read().strip().replace(b"-", b"")[:16], 16)
     except (OSError, ValueError):
         return 0
+
+
+class StampsUnavailable(DiskError):
+    """This process cannot stamp the table the directory's processes use now (out of
+    descriptors or memory while following a new one): a write would not hide their older
+    disk entries, so it is refused."""
 
 
 def shm_directory(shm_root: str = SHM_ROOT) -> str:
@@ -323,8 +333,9 @@ class WriteStamps:
         self._retired: list[mmap.mmap] = []
         self._lock = threading.Lock()
         #: ``time.monotonic()`` of the latest warning that the anchor's table could not be
-        #: followed.
+        #: followed, and from when to try again.
         self._warned = -math.inf
+        self._retry_at = -math.inf
         _instances.add(self)
         try:
             opened = self._open()
@@ -342,9 +353,10 @@ class WriteStamps:
     # -- the per-call check -----------------------------------------------------------------
     def bump(self, key: bytes, gone: bool = False) -> int:
         """Give ``key``'s slot a new stamp (before the write is acknowledged); return it.
-        ``gone``: the key is deleted (or its disk copy lost): a delete's stamp."""
-        if self._anchor[_A_ID] != self._id:
-            self._follow()
+        ``gone``: the key is deleted (or its disk copy lost): a delete's stamp.
+        :class:`StampsUnavailable` when the anchor's table cannot be followed now."""
+        if self._anchor[_A_ID] != self._id and not self._follow():
+            raise self._unavailable()
         stamp = _random.getrandbits(64)
         stamp = (stamp & ~1) | 2 if gone else stamp | 1
         self._words[_HEADER_WORDS + (zlib.crc32(key) & _SLOT_MASK)] = stamp
@@ -360,27 +372,40 @@ class WriteStamps:
 
     def reset(self) -> None:
         """Hide every disk entry (a whole-tier failure: nothing on disk may answer)."""
-        if self._anchor[_A_ID] != self._id:
-            self._follow()
+        if self._anchor[_A_ID] != self._id and not self._follow():
+            raise self._unavailable()
         self._map[_PAGE:] = bytes(_SIZE - _PAGE)
 
     def _follow(self) -> bool:
         """The anchor names another table than the one mapped: map that one (a write
         stamped in the old table meanwhile is stamped gone in the new one when memcached
         answers it: its stamp is not the slot's there). False when it cannot be opened
-        now: the next call tries again."""
+        now: a call from RETRY_INTERVAL on tries again."""
+        if time.monotonic() < self._retry_at:
+            return False
         with self._lock:
             if self._anchor[_A_ID] == self._id:  # another thread moved first
                 return True
             return self._move()
 
-    def reopen(self) -> None:
+    def _unavailable(self) -> StampsUnavailable:
+        return StampsUnavailable(
+            f"the disk tier's write stamps at {self.path} cannot follow the table the "
+            "directory's processes use (see the warning logged); the write is refused"
+        )
+
+    def reopen(self) -> bool:
         """Map the anchor at ``path`` again, and the table it names, once the directory
         was removed or replaced under this process: the processes using the directory's
         files stamp that table, and a write of this process stamped in the removed one
-        would leave their older entries answering."""
+        would leave their older entries answering. False when they cannot be opened now:
+        the anchor mapped is then marked as naming no table, so that until a later call
+        follows, reads from disk miss and writes are refused."""
         with self._lock:
-            self._move()
+            if self._move():
+                return True
+            self._anchor[_A_ID] = 0  # not the directory's any more: nothing follows it
+            return False
 
     def replaced(self) -> bool:
         """Whether the anchor this process mapped is no longer the one at ``path``: the
@@ -416,13 +441,14 @@ class WriteStamps:
             # Out of descriptors or memory, say. The table mapped stays; reads from disk
             # miss and writes land nothing until a later call follows (``current`` says 0).
             now = time.monotonic()
+            self._retry_at = now + RETRY_INTERVAL
             if now - self._warned >= 60.0:
                 self._warned = now
                 logger.warning(
                     "the disk tier's write stamps at %s could not be followed to the table "
                     "the directory's processes use (%s); until this process can, it answers "
-                    "no read from disk and lands no write there, and its writes do not hide "
-                    "the others' older disk entries",
+                    "no read from disk and refuses writes (StampsUnavailable), which would "
+                    "not hide the others' older disk entries",
                     self.path,
                     exc,
                 )
@@ -463,7 +489,11 @@ class WriteStamps:
             anchor = mmap.mmap(fd, _PAGE, flags=_MAP_FLAGS)
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(os.path.dirname(self.path), _OLD_TABLE))
-            opened = self._open_named(anchor)
+            try:
+                opened = self._open_named(anchor)
+            except BaseException:
+                anchor.close()  # (at once: a failing follow is tried again and again)
+                raise
             info = os.fstat(fd)
             opened.identity = (info.st_dev, info.st_ino)
             return opened

@@ -470,6 +470,33 @@ def test_an_add_racing_another_process_refill_is_refused(
     assert log.get(adder, 1, "k") == 1
 
 
+def _lost_before_landing(
+    log: Log,
+    server: MemcachedServer,
+    writer: FastCache,
+    process: int,
+    value: int,
+    readers: tuple[tuple[int, FastCache], ...],
+) -> None:
+    """``writer`` (``process``) sets "k" to ``value``, acknowledged while its disk copy is
+    held back, and memcached loses the key: no reader may answer an older value (a miss is
+    due). Once the copy lands and memcached loses the key again, every reader answers
+    ``value``."""
+    store = tier(writer)
+    store.behind.pause()  # the copy has not landed yet...
+    try:
+        log.set(writer, process, "k", value)  # ...acknowledged
+        server.flush()  # ...when memcached loses the key
+        for reader_process, reader in readers:
+            assert log.get(reader, reader_process, "k") is None
+    finally:
+        store.behind.resume()
+    assert store.flush(LANDING_WAIT)
+    server.flush()
+    for reader_process, reader in readers:
+        assert log.get(reader, reader_process, "k") == value
+
+
 # -- the tier's directory deleted and made again under a running process -----------------------
 
 
@@ -540,18 +567,7 @@ def test_a_process_that_moved_stamps_its_writes_where_the_directory_s_processes_
         assert store.states.reopened == 1
         log.set(newer, 1, "k", 2)
         assert tier(newer).flush(LANDING_WAIT)
-        store.behind.pause()  # P's copy has not landed yet...
-        try:
-            log.set(older, 0, "k", 3)  # ...acknowledged
-            server.flush()  # ...when memcached loses the key
-            for process, each in ((1, newer), (0, older)):
-                assert log.get(each, process, "k") is None  # not Q's 2
-        finally:
-            store.behind.resume()
-        assert store.flush(LANDING_WAIT)
-        server.flush()
-        for process, each in ((0, older), (1, newer)):
-            assert log.get(each, process, "k") == 3
+        _lost_before_landing(log, server, older, 0, 3, ((1, newer), (0, older)))  # not Q's 2
     finally:
         maintenance.register(store)
     assert log.stale_reads() == []
@@ -581,22 +597,10 @@ def test_a_process_whose_stamps_table_vanished_stamps_its_writes_where_the_other
     # table the anchor names now, not the removed one it mapped.
     log = Log()
     older = make(server.location, directory, 0)
-    store = tier(older)
     newer = _stamps_table_removed(older, directory, server)
     log.set(newer, 1, "k", 2)
     assert tier(newer).flush(LANDING_WAIT)
-    store.behind.pause()  # P's copy has not landed yet...
-    try:
-        log.set(older, 0, "k", 3)  # ...acknowledged
-        server.flush()  # ...when memcached loses the key
-        for process, each in ((1, newer), (0, older)):
-            assert log.get(each, process, "k") is None  # not Q's 2
-    finally:
-        store.behind.resume()
-    assert store.flush(LANDING_WAIT)
-    server.flush()
-    for process, each in ((0, older), (1, newer)):
-        assert log.get(each, process, "k") == 3
+    _lost_before_landing(log, server, older, 0, 3, ((1, newer), (0, older)))  # not Q's 2
     assert log.stale_reads() == []
 
 
@@ -610,19 +614,7 @@ def test_a_process_whose_stamps_table_vanished_reads_the_others_stamps(
     log.set(older, 0, "k", 1)
     assert tier(older).flush(LANDING_WAIT)
     newer = _stamps_table_removed(older, directory, server)
-    store = tier(newer)
-    store.behind.pause()  # Q's copy has not landed yet...
-    try:
-        log.set(newer, 1, "k", 2)  # ...acknowledged
-        server.flush()  # ...when memcached loses the key
-        for process, each in ((0, older), (1, newer)):
-            assert log.get(each, process, "k") is None  # not P's 1
-    finally:
-        store.behind.resume()
-    assert store.flush(LANDING_WAIT)
-    server.flush()
-    for process, each in ((0, older), (1, newer)):
-        assert log.get(each, process, "k") == 2
+    _lost_before_landing(log, server, newer, 1, 2, ((0, older), (1, newer)))  # not P's 1
     assert log.stale_reads() == []
 
 
@@ -646,18 +638,7 @@ def test_a_process_whose_stamps_anchor_was_removed_moves_to_the_directory_s_at_i
         assert store.stamps.table_path == tier(newer).stamps.table_path
         log.set(newer, 1, "k", 2)
         assert tier(newer).flush(LANDING_WAIT)
-        store.behind.pause()  # P's copy has not landed yet...
-        try:
-            log.set(older, 0, "k", 3)  # ...acknowledged
-            server.flush()  # ...when memcached loses the key
-            for process, each in ((1, newer), (0, older)):
-                assert log.get(each, process, "k") is None  # not Q's 2
-        finally:
-            store.behind.resume()
-        assert store.flush(LANDING_WAIT)
-        server.flush()
-        for process, each in ((0, older), (1, newer)):
-            assert log.get(each, process, "k") == 3
+        _lost_before_landing(log, server, older, 0, 3, ((1, newer), (0, older)))  # not Q's 2
     finally:
         maintenance.register(store)
     assert log.stale_reads() == []

@@ -112,15 +112,23 @@ def test_reopen_after_the_directory_was_removed_and_made_again(anchor: str, shm:
     assert staying.bump(b"k") == moving.current(b"k")
 
 
-def test_reopen_on_an_anchor_it_cannot_open_keeps_the_table_it_has(anchor: str, shm: str) -> None:
+def test_reopen_on_an_anchor_it_cannot_open_refuses_writes_rather_than_stamp_alone(
+    anchor: str, shm: str, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(stamps, "RETRY_INTERVAL", 0.0)
     staying = WriteStamps(anchor, shm_root=shm)
     moving = WriteStamps(anchor, shm_root=shm)
     os.unlink(anchor)
     os.mkdir(anchor)  # not a file: it cannot be opened
-    moving.reopen()  # no table of its own: it stays where the others are
-    assert moving.table_path == staying.table_path
+    assert not moving.reopen()  # no table of its own, and the anchor it left names none
+    for each in (moving, staying):
+        assert each.current(b"k") == 0
+        with pytest.raises(stamps.StampsUnavailable):
+            each.bump(b"k")
+    os.rmdir(anchor)  # an anchor can be made again: both follow it at their next call
     stamp = moving.bump(b"k")
-    assert staying.current(b"k") == stamp == moving.current(b"k")
+    assert staying.current(b"k") == stamp
+    assert moving.table_path == staying.table_path
 
 
 def test_an_anchor_that_is_a_symlink_is_refused(anchor: str, shm: str, tmp_path: Path) -> None:
@@ -152,6 +160,7 @@ def test_no_table_at_all_refuses_the_process_rather_than_stamping_one_of_its_own
 def test_a_process_that_cannot_follow_now_misses_and_follows_later(
     anchor: str, shm: str, monkeypatch: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    monkeypatch.setattr(stamps, "RETRY_INTERVAL", 0.0)  # every call tries again
     old = WriteStamps(anchor, shm_root=shm)
     stamp = old.bump(b"k")
     os.unlink(old.table_path)
@@ -165,12 +174,61 @@ def test_a_process_that_cannot_follow_now_misses_and_follows_later(
     with caplog.at_level(logging.WARNING, logger="django_fastcache"):
         assert old.current(b"k") == 0  # not its old table's stamp: nothing on disk answers
         assert old.current(b"k") == 0
+        with pytest.raises(stamps.StampsUnavailable):
+            old.bump(b"k")  # a write that would not hide the others' entries: refused
+        with pytest.raises(stamps.StampsUnavailable):
+            old.reset()
     assert stamp != 0
     assert sum("could not be followed" in r.getMessage() for r in caplog.records) == 1
     assert os.path.exists(new.table_path)  # a passing failure replaces nothing
     monkeypatch.setattr(os, "open", real_open)
     assert old.bump(b"k") == new.current(b"k")
     assert old.table_path == new.table_path
+
+
+def test_a_failed_follow_is_tried_again_only_after_the_retry_interval(
+    anchor: str, shm: str, monkeypatch: Any
+) -> None:
+    old = WriteStamps(anchor, shm_root=shm)
+    os.unlink(old.table_path)
+    WriteStamps(anchor, shm_root=shm)
+    opened: list[Any] = []
+
+    def out_of_descriptors(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(path)
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    monkeypatch.setattr(stamps, "RETRY_INTERVAL", 3600.0)
+    for _ in range(5):
+        assert old.current(b"k") == 0
+    assert len(opened) == 1  # one try, not one per call (the writer calls per key)
+
+
+def test_a_reopen_that_fails_refuses_writes_until_one_succeeds(
+    anchor: str, shm: str, monkeypatch: Any
+) -> None:
+    # The anchor was replaced (the directory made again); this process cannot open the
+    # new one now. It must not go on stamping the table of the anchor it left.
+    monkeypatch.setattr(stamps, "RETRY_INTERVAL", 0.0)
+    moving = WriteStamps(anchor, shm_root=shm)
+    os.unlink(anchor)
+    staying = WriteStamps(anchor, shm_root=shm)
+    real_open = os.open
+
+    def out_of_descriptors(path: Any, *args: Any, **kwargs: Any) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    assert moving.replaced()
+    assert not moving.reopen()
+    assert moving.current(b"k") == 0
+    with pytest.raises(stamps.StampsUnavailable):
+        moving.bump(b"k")
+    monkeypatch.setattr(os, "open", real_open)
+    stamp = moving.bump(b"k")  # follows at this call
+    assert staying.current(b"k") == stamp
+    assert not moving.replaced()
 
 
 def test_an_unreadable_boot_id_keeps_the_table(anchor: str, shm: str, monkeypatch: Any) -> None:
