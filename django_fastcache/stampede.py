@@ -190,8 +190,9 @@ async def get_or_set(
         return await _unprotected(cache, client, key, default, timeout, version, is_async)
     tier = stack.tiered
     tiered = tier is not None
-    if tier is not None and tier.states.is_out(node):
-        # No one to hold a lease with: the tier answers from disk.
+    epoch = 0 if tier is None else tier.states.epoch(node)
+    if epoch & 1:
+        # The node is out, no one to hold a lease with: the tier answers from disk.
         return await _unprotected(cache, client, key, default, timeout, version, is_async)
     lease = max(1, math.ceil(options.stampede_lease))
     ahead = options.stale_while_revalidate
@@ -210,6 +211,11 @@ async def get_or_set(
             # The tier has marked the node out (or will): it answers from disk.
             return await _unprotected(cache, client, key, default, timeout, version, is_async)
         stub = reply is None or is_stub(reply.value or b"", reply.client_flags or 0)
+        if tier is not None and tier.went_out(node, epoch):
+            # Answered after its node went out: not to be served (see TieredStore.went_out).
+            if reply is not None and reply.win:
+                await release(client, wire, reply, stub)
+            return await _unprotected(cache, client, key, default, timeout, version, is_async)
         if reply is not None and reply.win and stub and tier is not None:
             # memcached's miss: the disk tier's copy, if it answers, goes back under this
             # lease (as the tier's own refill would put it back) instead of a computation.

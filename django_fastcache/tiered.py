@@ -358,34 +358,50 @@ class TieredStore:
         """:meth:`get` on the blocking client, as a plain call (the sync API's flat path;
         ``key`` is valid, as the backend's wire keys are)."""
         node = self.cluster.node_index(key)
-        if not self.states.is_out(node):
+        epoch = self.states.epoch(node)
+        if not epoch & 1:  # up
             try:
                 found = self.blocking.value_now(key, True)
             except FastCacheError as exc:
                 self._memcached_failed(node, exc, read=True)
             else:
-                if found is not None and (found[0] or found[1]):  # not a miss, not a stub
-                    return found
-                if not holds_value(self.stamps.current(key)):
-                    return None  # deleted, or never written: no disk entry answers
-                return run_blocking(self._answer_miss(self.blocking, key, node))
+                if self.states.epoch(node) == epoch:  # (else: see went_out)
+                    if found is not None and (found[0] or found[1]):  # not a miss or stub
+                        return found
+                    if not holds_value(self.stamps.current(key)):
+                        return None  # deleted, or never written: no disk entry answers
+                    return run_blocking(self._answer_miss(self.blocking, key, node))
         self.metrics.fallbacks += 1
         entry = self._answering(key)  # (_disk_read, inline: every read of an outage)
         return None if entry is None else (entry[0], entry[1])
 
     async def get(self, client: CommandSet, key: bytes) -> tuple[bytes, int] | None:
         node = self.cluster.node_index(key)
-        if not self.states.is_out(node):
+        epoch = self.states.epoch(node)
+        if not epoch & 1:  # up
             try:
                 item = await client.get(key)
             except FastCacheError as exc:
                 self._memcached_failed(node, exc, read=True)
             else:
-                if item is not None and not _is_stub(item.value, item.flags):
-                    return item.value, item.flags
-                return await self._answer_miss(client, key, node)
+                if self.states.epoch(node) == epoch:  # (else: see went_out)
+                    if item is not None and not _is_stub(item.value, item.flags):
+                        return item.value, item.flags
+                    return await self._answer_miss(client, key, node)
         self.metrics.fallbacks += 1
         return self._disk_read(key)
+
+    def went_out(self, node: int, epoch: int) -> bool:
+        """Whether ``node`` went out (or came back) since its :meth:`NodeStates.epoch` was
+        ``epoch``: memcached's answer to a request sent before then must not be served.
+
+        A request sent just before its node hung is answered when the node runs again,
+        with what memcached holds by then, which may include a write that timed out
+        meanwhile (its caller marked the node out first) and was then made on the disk tier
+        instead: memcached applied it to its value, the disk to its own, and an ``incr``
+        then reads a value no acknowledged call returned. The disk tier answers instead
+        (its entries are stamped: at worst a miss)."""
+        return self.states.epoch(node) != epoch
 
     async def _answer_miss(
         self, client: CommandSet, key: bytes, node: int
@@ -461,8 +477,13 @@ class TieredStore:
         # leave its keys asked of neither tier.
         up: list[bytes] = []
         out: list[bytes] = []
+        epochs: dict[int, int] = {}
         for key in keys:
-            (out if self.states.is_out(self.cluster.node_index(key)) else up).append(key)
+            node = self.cluster.node_index(key)
+            epoch = epochs.get(node)
+            if epoch is None:
+                epoch = epochs[node] = self.states.epoch(node)
+            (out if epoch & 1 else up).append(key)
         found: dict[bytes, tuple[bytes, int]] = {}
         if up:
             try:
@@ -476,9 +497,12 @@ class TieredStore:
                     if value is not None:
                         found[key] = value
                 return found
+            moved = {node for node, epoch in epochs.items() if self.went_out(node, epoch)}
             for key in up:
                 item = items.get(key)
-                if item is not None and not _is_stub(item.value, item.flags):
+                if moved and self.cluster.node_index(key) in moved:
+                    out.append(key)  # its node went out meanwhile: see went_out
+                elif item is not None and not _is_stub(item.value, item.flags):
                     found[key] = (item.value, item.flags)
                 else:
                     value = await self._answer_miss(client, key, self.cluster.node_index(key))

@@ -15,7 +15,8 @@ stamp and answers again. A stamp is a plain write to memory: it cannot fail when
 does. (Two processes stamping one slot in the same instant may leave the earlier stamp.)
 
 Each node's page also counts its outages, so that a replay can tell that the probe it acted
-on was answered in the current outage. And the files can be removed under the processes
+on was answered in the current outage, and a read that memcached answered, that its node
+did not go out while it waited. And the files can be removed under the processes
 (a temp cleaner, a deleted directory made again): :meth:`NodeStates.replaced` notices, and
 :meth:`NodeStates.reopen` maps the directory's files again, carrying over what it knew. A
 process that moves marks the pages it leaves as distrusting every entry, so that the
@@ -42,6 +43,8 @@ _STAMP = struct.Struct("=d")
 #: In a node's page: byte 0 its state; at _OUTAGES, how many times it went out.
 _COUNT = struct.Struct("<Q")
 _OUTAGES = 8
+#: The state byte and the count in one read (see :meth:`NodeStates.epoch`).
+_EPOCH = struct.Struct("<B7xQ")
 #: Distrust slots: the page holds one float64 per slot, the last one for the whole tier.
 _SLOTS = mmap.PAGESIZE // _STAMP.size - 1
 _WHOLE_TIER = _SLOTS
@@ -183,6 +186,16 @@ class NodeStates:
         """How many times ``node`` went out (host-wide): what tells one outage from the
         next, for a replay that must not act on a probe answered in an earlier one."""
         return int(_COUNT.unpack_from(self._maps[node], _OUTAGES)[0])
+
+    def epoch(self, node: int) -> int:
+        """``node``'s state and outage count as one number, odd while it is out, that
+        changes whenever the node goes out or comes back: a request that reads it before
+        it is sent and again after its reply knows whether the node went out meanwhile.
+        (Read halfway through :meth:`mark_out`, it is a third value: still a change.)"""
+        state: int
+        outages: int
+        state, outages = _EPOCH.unpack_from(self._maps[node])
+        return outages << 1 | state
 
     def mark_up(self, node: int) -> None:
         self._maps[node][0] = _UP

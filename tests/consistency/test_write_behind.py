@@ -29,7 +29,10 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
+from django_fastcache.errors import OperationTimeoutError
 from django_fastcache.serializers import FLAG_INTEGER
+from django_fastcache.stampede import blocking_pause
+from django_fastcache.stampede import get_or_set as leased_get_or_set
 from django_fastcache.testing.servers import MemcachedServer
 from django_fastcache.tiered import TieredStore
 from tests.conftest import LANDING_WAIT, forget_stacks
@@ -175,6 +178,26 @@ class _Between:
         def call(*args: Any, **kwargs: Any) -> Any:
             hook()
             return attribute(*args, **kwargs)
+
+        return call
+
+
+class _AppliedThenTimedOut:
+    """Stands in for a tier's blocking client whose ``method`` reaches memcached and takes
+    effect, and whose reply never comes back in time (the node hung right after)."""
+
+    def __init__(self, inner: Any, method: str) -> None:
+        self._inner = inner
+        self._method = method
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._inner, name)
+        if name != self._method:
+            return attribute
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            await attribute(*args, **kwargs)
+            raise OperationTimeoutError("timed out: the node hung")
 
         return call
 
@@ -958,3 +981,59 @@ def test_an_incr_meeting_a_refills_stub_counts_once_the_value_is_back(
     client = _Between(store.blocking, "get", refill_lands)
     assert run_blocking(store.incr(client, wire, 1)) == 6  # type: ignore[arg-type]
     assert cache.get("n") == 6
+
+
+# -- a read answered after its node went out -------------------------------------------------
+
+
+@pytest.mark.parametrize("read", ["get_now", "get", "get_many", "get_or_set"])
+def test_a_read_answered_after_its_node_went_out_is_not_served(
+    server: MemcachedServer, directory: str, read: str
+) -> None:
+    # Found by the soak: a get sent just before memcached hung was answered once it ran
+    # again, with the value of an incr that had timed out meanwhile and was then made on
+    # the disk tier instead (from the disk's value: memcached's result is one no call
+    # returned). Here the read's request is sent just after the incr.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store = tier(cache)
+    store.behind.pause()  # the disk lags: 5 is not on it yet
+    log.set(cache, 0, "n", 5)
+    wire = cache.wire_key("n")
+
+    def incr_times_out() -> None:
+        hung = _AppliedThenTimedOut(tier(other).blocking, "meta_arithmetic")
+        start = time.monotonic_ns()
+        value = run_blocking(tier(other).incr(hung, wire, 1))
+        log.record(Op(1, INCR, "n", value, start, time.monotonic_ns(), True))
+        assert tier(other).states.is_out(0)  # and memcached holds 6, which no call returned
+
+    start = time.monotonic_ns()
+    if read == "get_now":  # the sync API's flat path, on the tier's own blocking client
+        real = store.blocking
+        store.blocking = _Between(real, "value_now", incr_times_out)  # type: ignore[assignment]
+        try:
+            value = cache.get("n")
+        finally:
+            store.blocking = real
+    elif read in ("get", "get_many"):
+        client = _Between(store.blocking, read, incr_times_out)
+        if read == "get":
+            found = run_blocking(store.get(client, wire))  # type: ignore[arg-type]
+        else:
+            found = run_blocking(store.get_many(client, [wire])).get(wire)  # type: ignore[arg-type]
+        value = None if found is None else cache._decode(wire, found[0], found[1])
+    else:
+        client = _Between(store.blocking, "meta_get", incr_times_out)
+        value = run_blocking(
+            leased_get_or_set(
+                cache, client, "n", 9, None, None,  # type: ignore[arg-type]
+                pause=blocking_pause, refused=object(),
+            )
+        )  # fmt: skip
+    log.record(Op(0, SET if value == 9 else GET, "n", value, start, time.monotonic_ns(), True))
+    # Not memcached's 6: the disk tier answers (it has nothing under the key's stamp), and
+    # get_or_set computes its default.
+    assert value == (9 if read == "get_or_set" else None)
+    store.behind.resume()
+    assert log.stale_reads() == []

@@ -62,3 +62,27 @@ def test_files_that_were_not_replaced_are_never_marked(tmp_path: Path) -> None:
     a.reopen(time.time())  # nothing replaced: nothing to do
     assert a.reopened == 0
     assert b.trusts(b"key", time.time() + 1)
+
+
+def test_the_epoch_changes_whenever_the_node_goes_out_or_comes_back(tmp_path: Path) -> None:
+    # What a read compares before its request and after its reply (TieredStore.went_out).
+    states, other = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
+    seen = [states.epoch(0)]
+    assert not seen[-1] & 1  # up
+    for change in (other.mark_out, other.mark_up, other.mark_out, other.mark_up):
+        change(0)
+        seen.append(states.epoch(0))  # another process's change, seen here
+    assert [e & 1 for e in seen] == [0, 1, 0, 1, 0]
+    assert len(set(seen)) == len(seen)  # out and back twice: no epoch comes back
+    assert states.outages(0) == 2
+
+
+def test_an_epoch_read_halfway_through_marking_out_is_a_change_too(tmp_path: Path) -> None:
+    states = NodeStates(str(tmp_path), NODES)
+    before = states.epoch(0)
+    page = states._maps[0]
+    # mark_out writes the count first, then the state byte: read between the two.
+    nodestate._COUNT.pack_into(page, nodestate._OUTAGES, states.outages(0) + 1)
+    halfway = states.epoch(0)
+    page[0] = nodestate._OUT
+    assert len({before, halfway, states.epoch(0)}) == 3
