@@ -959,11 +959,24 @@ class TieredStore:
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
-            if not self.states.is_out(node):
+            epoch = self.states.epoch(node)
+            if not epoch & 1:  # up
                 try:
-                    return await self._incr_up(client, key, delta, bumped)
+                    count = await self._incr_up(client, key, delta, bumped)
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
+                else:
+                    # Answered after the node went out (and still out): memcached's count
+                    # may include an increment another process made on disk instead (see
+                    # went_out). Counted on disk, as a timed-out incr is (the key is
+                    # journaled: the replay deletes memcached's count). Out and back
+                    # already (this thread stalled past a whole replay): not counted twice.
+                    if not self.states.epoch(node) & 1:
+                        if count is None:
+                            return None
+                        value, ttl, now = count
+                        self._queue(key, bumped[1], b"%d" % value, FLAG_INTEGER, ttl, now)
+                        return value
             done, result = self._out(
                 node, key, lambda: self._incr_on_disk(key, delta, bumped), None
             )
@@ -973,7 +986,9 @@ class TieredStore:
 
     async def _incr_up(
         self, client: CommandSet, key: bytes, delta: int, bumped: list[int]
-    ) -> int | None:
+    ) -> tuple[int, float | None, float] | None:
+        """memcached's count, its TTL and the time it was asked (its disk copy not yet
+        queued: the caller checks the node first), or None when the key is missing."""
         prev = self.stamps.current(key)
         stamp = self.stamps.bump(key)
         bumped[:] = [prev, stamp]
@@ -984,8 +999,8 @@ class TieredStore:
                 count = await client.meta_arithmetic(key, abs(delta), decrement=delta < 0)
             except MetaUnsupportedError:
                 value = await (client.decr(key, -delta) if delta < 0 else client.incr(key, delta))
-                self._behind(key, stamp, None, 0, None, now)  # no copy: misses on disk
-                return value
+                # No TTL to copy: a TTL of 0 queues a delete (the key misses on disk).
+                return None if value is None else (value, 0.0, now)
             except CommandError:
                 held = await client.get(key)
                 if held is not None and not _is_stub(held.value, held.flags):
@@ -996,8 +1011,7 @@ class TieredStore:
             if count is not None and count.status is MetaStatus.HD:
                 assert count.value is not None
                 ttl = None if count.ttl is None or count.ttl < 0 else float(count.ttl)
-                self._queue(key, stamp, b"%d" % count.value, FLAG_INTEGER, ttl, now)
-                return count.value
+                return count.value, ttl, now
             if entry is None:
                 entry = self._on_disk(key, prev)
                 if entry is None:

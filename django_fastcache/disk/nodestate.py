@@ -178,8 +178,11 @@ class NodeStates:
         states = self._maps[node]
         if states[0] == _OUT:
             return False
-        _COUNT.pack_into(states, _OUTAGES, _COUNT.unpack_from(states, _OUTAGES)[0] + 1)
+        # The state first: an epoch() read between the two sees the node out already (the
+        # count first would read as "up" with the new count, the epoch the node has once
+        # it is back: an out-and-back missed).
         states[0] = _OUT
+        _COUNT.pack_into(states, _OUTAGES, _COUNT.unpack_from(states, _OUTAGES)[0] + 1)
         return True
 
     def outages(self, node: int) -> int:
@@ -191,7 +194,8 @@ class NodeStates:
         """``node``'s state and outage count as one number, odd while it is out, that
         changes whenever the node goes out or comes back: a request that reads it before
         it is sent and again after its reply knows whether the node went out meanwhile.
-        (Read halfway through :meth:`mark_out`, it is a third value: still a change.)"""
+        (Read halfway through :meth:`mark_out`, which sets the state before the count, it
+        is odd: out, and unlike any epoch the node has before or after.)"""
         state: int
         outages: int
         state, outages = _EPOCH.unpack_from(self._maps[node])

@@ -1006,7 +1006,7 @@ def test_a_read_answered_after_its_node_went_out_is_not_served(
         start = time.monotonic_ns()
         value = run_blocking(tier(other).incr(hung, wire, 1))
         log.record(Op(1, INCR, "n", value, start, time.monotonic_ns(), True))
-        assert tier(other).states.is_out(0)  # and memcached holds 6, which no call returned
+        assert tier(other).metrics.nodes_marked_out == 1  # memcached holds 6: no call's
 
     start = time.monotonic_ns()
     if read == "get_now":  # the sync API's flat path, on the tier's own blocking client
@@ -1037,3 +1037,80 @@ def test_a_read_answered_after_its_node_went_out_is_not_served(
     assert value == (9 if read == "get_or_set" else None)
     store.behind.resume()
     assert log.stale_reads() == []
+
+
+def test_an_incr_answered_after_its_node_went_out_counts_on_disk(
+    server: MemcachedServer, directory: str
+) -> None:
+    # The same window with an incr as the reader: memcached's count would include the
+    # other process's increment, which that process made on disk instead.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store = tier(cache)
+    store.behind.pause()  # the disk lags: 5 is not on it yet
+    log.set(cache, 0, "n", 5)
+    wire = cache.wire_key("n")
+
+    def incr_times_out() -> None:
+        hung = _AppliedThenTimedOut(tier(other).blocking, "meta_arithmetic")
+        start = time.monotonic_ns()
+        value = run_blocking(tier(other).incr(hung, wire, 1))
+        log.record(Op(1, INCR, "n", value, start, time.monotonic_ns(), True))
+
+    client = _Between(store.blocking, "meta_arithmetic", incr_times_out)
+    start = time.monotonic_ns()
+    value = run_blocking(store.incr(client, wire, 1))  # type: ignore[arg-type]
+    log.record(Op(0, INCR, "n", value, start, time.monotonic_ns(), True))
+    assert value is None  # not memcached's 7: counted on disk, which has nothing
+    assert tier(other).metrics.nodes_marked_out == 1
+    store.behind.resume()
+    assert log.stale_reads() == []
+
+
+def test_a_read_answered_after_its_node_went_out_gets_the_disk_s_value(
+    server: MemcachedServer, directory: str
+) -> None:
+    # With the disk up to date, the disk tier's answer is the value (not a miss).
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store = tier(cache)
+    log.set(cache, 0, "n", 5)
+    assert store.flush(LANDING_WAIT)
+    wire = cache.wire_key("n")
+
+    def incr_times_out() -> None:
+        hung = _AppliedThenTimedOut(tier(other).blocking, "meta_arithmetic")
+        start = time.monotonic_ns()
+        value = run_blocking(tier(other).incr(hung, wire, 1))
+        log.record(Op(1, INCR, "n", value, start, time.monotonic_ns(), True))
+
+    store.blocking = _Between(real := store.blocking, "value_now", incr_times_out)  # type: ignore[assignment]
+    try:
+        assert log.get(cache, 0, "n") == 6  # the disk's count, made by the timed-out incr
+    finally:
+        store.blocking = real
+    assert store.metrics.fallbacks >= 1
+    assert log.stale_reads() == []
+
+
+def test_get_or_set_s_lease_won_after_its_node_went_out_is_given_back(
+    server: MemcachedServer, directory: str
+) -> None:
+    # The lease's stub must not outlive the call: once the node is back, a stub would
+    # keep every reader waiting for a value nobody stores.
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store = tier(cache)
+    wire = cache.wire_key("n")
+
+    def node_goes_out() -> None:
+        tier(other).node_failed(0)
+
+    client = _Between(store.blocking, "meta_get", node_goes_out)
+    value = run_blocking(
+        leased_get_or_set(
+            cache, client, "n", 9, None, None,  # type: ignore[arg-type]
+            pause=blocking_pause, refused=object(),
+        )
+    )  # fmt: skip
+    assert value == 9  # computed, and stored by the disk tier (the node is out)
+    assert run_blocking(store.blocking.get(wire)) is None  # no stub left in memcached

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,12 +78,35 @@ def test_the_epoch_changes_whenever_the_node_goes_out_or_comes_back(tmp_path: Pa
     assert states.outages(0) == 2
 
 
-def test_an_epoch_read_halfway_through_marking_out_is_a_change_too(tmp_path: Path) -> None:
+def test_an_epoch_read_halfway_through_marking_out_reads_out_and_unlike_any_other(
+    tmp_path: Path,
+) -> None:
     states = NodeStates(str(tmp_path), NODES)
     before = states.epoch(0)
     page = states._maps[0]
-    # mark_out writes the count first, then the state byte: read between the two.
-    nodestate._COUNT.pack_into(page, nodestate._OUTAGES, states.outages(0) + 1)
-    halfway = states.epoch(0)
+    # mark_out sets the state byte first, then the count: read between the two.
     page[0] = nodestate._OUT
-    assert len({before, halfway, states.epoch(0)}) == 3
+    halfway = states.epoch(0)
+    nodestate._COUNT.pack_into(page, nodestate._OUTAGES, states.outages(0) + 1)
+    out = states.epoch(0)
+    states.mark_up(0)
+    back = states.epoch(0)
+    assert halfway & 1  # out: no request is sent on it
+    # A request that read the halfway epoch sees the node's return as a change.
+    assert len({before, halfway, out, back}) == 4
+
+
+def test_mark_out_sets_the_state_before_the_count(tmp_path: Path) -> None:
+    # The order the test above relies on, as mark_out writes it.
+    states = NodeStates(str(tmp_path), NODES)
+    counts_when_state_set: list[int] = []
+
+    class Page(bytearray):
+        def __setitem__(self, index: Any, value: Any) -> None:
+            counts_when_state_set.append(nodestate._COUNT.unpack_from(self, nodestate._OUTAGES)[0])
+            super().__setitem__(index, value)
+
+    states._maps[0] = Page(bytes(states._maps[0]))  # type: ignore[call-overload]
+    assert states.mark_out(0)
+    assert counts_when_state_set == [0]
+    assert states.epoch(0) == 1 << 1 | 1
