@@ -199,7 +199,20 @@ def follow_state_files(store: TieredStore) -> None:
     transaction)."""
     states = store.states
     if states.replaced():
-        states.reopen(time.time())
+        try:
+            states.reopen(time.time())
+        except OSError as exc:
+            # The old pages stay (never pages of this process's own: it would miss the
+            # others' outages); the next check tries again.
+            if store._warnings.allow("states-reopen"):
+                logger.warning(
+                    "the disk tier's files at %s were removed or replaced under this "
+                    "process, and the new ones cannot be mapped (%s); it keeps the old ones "
+                    "and tries again",
+                    store.directory,
+                    exc,
+                )
+            return
         store.disk.close()  # the values too: opened again, by path, on next use
         store.stamps.reopen()  # and the write stamps: the directory's processes read those
         logger.warning(

@@ -53,14 +53,13 @@ _WHOLE_TIER = _SLOTS
 CHECK_INTERVAL = 0.005
 
 
-def _page(path: str) -> mmap.mmap | None:
-    """A page of ``path`` mapped read-write (created zeroed); None when it cannot be."""
+def _page(path: str) -> tuple[mmap.mmap, tuple[int, int]]:
+    """A page of ``path`` mapped read-write (created zeroed), and the file's (device,
+    inode). OSError when it cannot be had."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        return None
-    try:
-        if os.fstat(fd).st_size < mmap.PAGESIZE:
+        info = os.fstat(fd)
+        if info.st_size < mmap.PAGESIZE:
             # Blocks allocated now, not on the first write to the mapping: a full disk
             # then would kill the process with SIGBUS.
             try:
@@ -69,9 +68,7 @@ def _page(path: str) -> mmap.mmap | None:
                 if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                     raise
                 os.ftruncate(fd, mmap.PAGESIZE)
-        return mmap.mmap(fd, mmap.PAGESIZE)
-    except OSError:
-        return None
+        return mmap.mmap(fd, mmap.PAGESIZE), (info.st_dev, info.st_ino)
     finally:
         os.close(fd)
 
@@ -86,12 +83,11 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 class NodeStates:
     def __init__(self, directory: str, node_ids: tuple[str, ...]) -> None:
+        """OSError when the directory's files cannot be mapped: states of this process's
+        own would not see the outages the others mark (it would read memcached for keys
+        they are journaling), so there is no tier without them."""
         self.node_ids = node_ids
         self.directory = directory
-        #: False when the files could not be opened (a read-only or unusable directory):
-        #: the states are then this process's own, in memory. The breaker still works,
-        #: for this process only, and no request fails because of the disk.
-        self.shared = True
         names = [hashlib.blake2b(n.encode(), digest_size=16).hexdigest() for n in node_ids]
         self._paths = [os.path.join(directory, f"{name}.state") for name in names]
         self._stamps_path = os.path.join(directory, "distrust.state")
@@ -104,26 +100,27 @@ class NodeStates:
         self.reopened = 0
         #: ``time.monotonic()`` from which :meth:`trusts` checks the files again.
         self._next_check = 0.0
-        self._maps, self._stamps = self._open_all()
+        self._maps, self._stamps, self._identity = self._open_all()
         #: The distrust page as float64s: what :meth:`trusts` reads, per read.
         self._times = memoryview(self._stamps).cast("d")
 
-    def _open_all(self) -> tuple[list[mmap.mmap], mmap.mmap]:
+    def _open_all(self) -> tuple[list[mmap.mmap], mmap.mmap, tuple[int, int]]:
+        """The directory's pages (made if need be) and the distrust file's identity."""
+        opened: list[mmap.mmap] = []
         try:
             make_private(self.directory)  # 0700, parents too (the tier's may be gone)
-        except OSError:
-            self.shared = False
-        maps = [self._open(path) for path in self._paths]
-        stamps = self._open(self._stamps_path)
-        self._identity = _identity(self._stamps_path) if self.shared else None
-        return maps, stamps
-
-    def _open(self, path: str) -> mmap.mmap:
-        page = _page(path)
-        if page is None:
-            self.shared = False
-            page = mmap.mmap(-1, mmap.PAGESIZE)
-        return page
+            for path in self._paths:
+                opened.append(_page(path)[0])
+            stamps, identity = _page(self._stamps_path)
+        except OSError as exc:
+            for page in opened:
+                page.close()
+            raise OSError(
+                exc.errno,
+                f"the disk tier's node states at {self.directory} cannot be mapped "
+                f"({exc.strerror or exc}); every process on the host must share them",
+            ) from exc
+        return opened, stamps, identity
 
     # -- the files under the processes -------------------------------------------------------
     def replaced(self) -> bool:
@@ -143,8 +140,9 @@ class NodeStates:
         if not self.replaced():
             return  # another thread of this process moved first
         old_maps, old_stamps, old_identity = self._maps, self._stamps, self._identity
-        self.shared = True
-        maps, stamps = self._open_all()
+        # OSError (out of descriptors, the directory unusable): the old pages stay, and
+        # replaced() still says so, so that the next check tries again.
+        maps, stamps, identity = self._open_all()
         for old, new in zip(old_maps, maps):
             if old[0] == _OUT:
                 new[0] = _OUT
@@ -155,7 +153,7 @@ class NodeStates:
             if math.isfinite(known) and known > _STAMP.unpack_from(stamps, offset)[0]:
                 _STAMP.pack_into(stamps, offset, known)
         self._retired.extend([*old_maps, old_stamps])
-        self._maps, self._stamps = maps, stamps
+        self._maps, self._stamps, self._identity = maps, stamps, identity
         self._times = memoryview(stamps).cast("d")
         self.distrust(None, now)
         if self._identity is not None and self._identity != old_identity:

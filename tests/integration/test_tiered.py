@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
@@ -896,3 +897,12 @@ def test_the_probe_goes_on_after_an_unexpected_error(
     server.restart()
     wait_for_state(cache, server.location, "up")
     assert len(calls) >= 3
+
+
+def test_a_tier_whose_node_states_cannot_be_mapped_is_not_built(disk_directory: str) -> None:
+    # States of the process's own would not see the outages the others mark.
+    nodes = Path(disk_directory) / "nodes"
+    (nodes / "distrust.state").mkdir(parents=True)
+    cache = make_cache(f"127.0.0.1:{free_port()}", disk_directory)
+    with pytest.raises(ImproperlyConfigured, match=r"node states at .*nodes cannot be mapped"):
+        cache.get("k")

@@ -5,15 +5,19 @@ processes.)"""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from django_fastcache.disk import nodestate
 from django_fastcache.disk.nodestate import NodeStates
+from django_fastcache.logs import RateLimit
+from django_fastcache.maintenance import follow_state_files
 
 NODES = ("127.0.0.1:11211",)
 
@@ -110,3 +114,59 @@ def test_mark_out_sets_the_state_before_the_count(tmp_path: Path) -> None:
     assert states.mark_out(0)
     assert counts_when_state_set == [0]
     assert states.epoch(0) == 1 << 1 | 1
+
+
+# -- files that cannot be mapped: never states of the process's own ----------------------------
+
+
+def test_states_that_cannot_be_mapped_refuse_to_start_naming_the_directory(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "distrust.state").mkdir()  # in the way of the file
+    with pytest.raises(OSError, match="cannot be mapped") as raised:
+        NodeStates(str(tmp_path), NODES)
+    assert str(tmp_path) in str(raised.value)
+
+
+def test_a_reopen_that_cannot_map_the_new_files_keeps_the_old_and_tries_again(
+    tmp_path: Path,
+) -> None:
+    states, other = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
+    _remove_files(tmp_path)
+    (tmp_path / "distrust.state").mkdir()  # the new files cannot be made now
+    assert states.replaced()
+    with pytest.raises(OSError, match="cannot be mapped"):
+        states.reopen(time.time())
+    other.mark_out(0)  # on the old pages, which both still share
+    assert states.is_out(0)
+    assert states.replaced()  # the next check tries again
+    (tmp_path / "distrust.state").rmdir()
+    states.reopen(time.time())
+    assert not states.replaced()
+    assert states.is_out(0)  # what it knew is carried over
+    assert states.reopened == 1
+
+
+def test_the_maintenance_check_survives_a_reopen_that_fails(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Untouched:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"{name} used after a failed reopen")
+
+    states = NodeStates(str(tmp_path), NODES)
+    store = SimpleNamespace(
+        states=states,
+        directory=str(tmp_path),
+        disk=Untouched(),
+        stamps=Untouched(),
+        _warnings=RateLimit(),
+    )
+    _remove_files(tmp_path)
+    (tmp_path / "distrust.state").mkdir()
+    with caplog.at_level(logging.WARNING, logger="django_fastcache"):
+        follow_state_files(store)  # type: ignore[arg-type]
+        follow_state_files(store)  # type: ignore[arg-type]
+    warnings = [r for r in caplog.records if "cannot be mapped" in r.getMessage()]
+    assert len(warnings) == 1  # once, then rate-limited
+    assert states.replaced()
