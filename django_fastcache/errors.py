@@ -86,6 +86,13 @@ class OperationTimeoutError(NetworkError, builtins.TimeoutError):
     """A call ran past its timeout; its connection was discarded."""
 
 
+class OutcomeUnknownError(NetworkError):
+    """With the disk tier: an ``incr``/``decr`` whose node failed while it ran (a timeout, a
+    lost connection, or a reply that came after the node was marked out), so that memcached
+    may or may not have counted it, and the disk tier cannot count it without contradicting
+    what memcached may have answered meanwhile. The increment may have taken effect."""
+
+
 class ServerRefusedConnectionError(NetworkError, builtins.ConnectionError):
     """The server refused the connection (memcached's ``Too many open connections``)."""
 
@@ -129,6 +136,7 @@ __all__ = [
     "NetworkError",
     "NonIntegerValueError",
     "OperationTimeoutError",
+    "OutcomeUnknownError",
     "ProtocolError",
     "ServerError",
     "ServerRefusedConnectionError",

@@ -203,24 +203,26 @@ def follow_state_files(store: TieredStore) -> None:
             states.reopen(time.time())
         except OSError as exc:
             # The old pages stay (never pages of this process's own: it would miss the
-            # others' outages); the next check tries again.
+            # others' outages); the next check tries again. Meanwhile its disk reads miss
+            # (replaced() is true) and it replays no journal (see bring_back).
             if store._warnings.allow("states-reopen"):
                 logger.warning(
                     "the disk tier's files at %s were removed or replaced under this "
-                    "process, and the new ones cannot be mapped (%s); it keeps the old ones "
-                    "and tries again",
+                    "process, and the new ones cannot be mapped (%s); until they can, it "
+                    "reads nothing from disk and replays no journal, and it tries again",
                     store.directory,
                     exc,
                 )
-            return
-        store.disk.close()  # the values too: opened again, by path, on next use
-        store.stamps.reopen()  # and the write stamps: the directory's processes read those
-        logger.warning(
-            "the disk tier's files at %s were removed or replaced under this process; it "
-            "now uses the directory's files, and disk entries written before no longer "
-            "answer (nothing but this process may remove or replace the directory)",
-            store.directory,
-        )
+        else:
+            store._warnings.forget("states-reopen")
+            store.disk.close()  # the values too: opened again, by path, on next use
+            store.stamps.reopen()  # and the write stamps: the directory's processes read those
+            logger.warning(
+                "the disk tier's files at %s were removed or replaced under this process; it "
+                "now uses the directory's files, and disk entries written before no longer "
+                "answer (nothing but this process may remove or replace the directory)",
+                store.directory,
+            )
     stamps = store.stamps
     # The anchor alone (a temp cleaner): the others stamp its table. (A move that fails
     # warns by itself; the check then finds the anchor replaced again, and tries again.)

@@ -24,6 +24,10 @@ The rules, which ``docs/disk-tier.md`` explains for users:
   on the node before marking it up again, so no process reads a pre-outage value from it.
   Writes still queued behind when a node goes out are stamped already: their keys miss
   until they land, and a journaled write overtakes them.
+* **memcached's answer to a request is not served when the node went out while it ran**
+  (:meth:`TieredStore.went_out`): the disk tier answers. An ``incr`` memcached may have
+  counted when its node failed is counted on disk only where the disk counts it alike;
+  otherwise :class:`~.errors.OutcomeUnknownError`.
 * **A disk tier that fails never fails a request**: the memcached result stands, and the
   entries involved stop answering (their stamps moved on before the disk was touched).
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import time
@@ -50,11 +55,14 @@ from .disk.store import Fields
 from .disk.writebehind import INTERVAL, WriteBehind
 from .errors import (
     CommandError,
+    ConnectFailedError,
     FastCacheError,
     LocalResourceError,
     NetworkError,
     NonIntegerValueError,
+    OutcomeUnknownError,
     ProtocolError,
+    ServerRefusedConnectionError,
 )
 from .expiry import memcached_exptime
 from .logs import RateLimit, logger
@@ -955,43 +963,76 @@ class TieredStore:
             await self.delete(client, key)
 
     async def incr(self, client: CommandSet, key: bytes, delta: int) -> int | None:
-        """Add ``delta`` (negative: subtract, stopping at 0); None when ``key`` is missing."""
+        """Add ``delta`` (negative: subtract, stopping at 0); None when ``key`` is missing.
+
+        An increment memcached may have counted when its node failed (:func:`_may_have_run`)
+        is counted on disk only from the entry under the stamp before its own, and only
+        while no other write of the slot was stamped since: the disk's count is then the
+        one memcached made, which readers may have seen before the node was marked out.
+        Otherwise :class:`OutcomeUnknownError` (it may have taken effect)."""
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
+            strict = False
             epoch = self.states.epoch(node)
             if not epoch & 1:  # up
                 try:
-                    count = await self._incr_up(client, key, delta, bumped)
+                    count = await self._incr_up(client, key, delta, bumped, node, epoch)
+                except _WentOutBeforeSending:
+                    pass  # nothing sent: counted on disk like any write of an outage
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
+                    strict = _may_have_run(exc)
                 else:
-                    # Answered after the node went out (and still out): memcached's count
-                    # may include an increment another process made on disk instead (see
-                    # went_out). Counted on disk, as a timed-out incr is (the key is
-                    # journaled: the replay deletes memcached's count). Out and back
-                    # already (this thread stalled past a whole replay): not counted twice.
-                    if not self.states.epoch(node) & 1:
+                    # memcached's count stands when the node did not go out meanwhile, or
+                    # no other write of the slot was stamped since this one (the count is
+                    # then this increment's alone, and its key was not journaled). Else it
+                    # may include an increment made on disk instead (see went_out), or
+                    # have been deleted by a replay since: unknown. (memcached's "not
+                    # found" counted nothing: counted on disk instead.)
+                    if self.states.epoch(node) == epoch or self._slot_still(key, bumped):
                         if count is None:
                             return None
                         value, ttl, now = count
                         self._queue(key, bumped[1], b"%d" % value, FLAG_INTEGER, ttl, now)
                         return value
+                    if count is not None:
+                        raise _outcome_unknown(key)
             done, result = self._out(
-                node, key, lambda: self._incr_on_disk(key, delta, bumped), None
+                node, key, functools.partial(self._incr_on_disk, key, delta, bumped, strict), None
             )
             if done:
                 return result
+            if strict:  # the node came back meanwhile: trying again might count it twice
+                raise _outcome_unknown(key)
         return None
 
+    def _slot_still(self, key: bytes, bumped: list[int]) -> bool:
+        """Whether the key's slot still holds the stamp this write gave it (bumped = [before,
+        after]): no other write or delete of the slot was stamped since."""
+        return bool(bumped) and self.stamps.current(key) == bumped[1]
+
     async def _incr_up(
-        self, client: CommandSet, key: bytes, delta: int, bumped: list[int]
+        self,
+        client: CommandSet,
+        key: bytes,
+        delta: int,
+        bumped: list[int],
+        node: int,
+        epoch: int,
     ) -> tuple[int, float | None, float] | None:
         """memcached's count, its TTL and the time it was asked (its disk copy not yet
-        queued: the caller checks the node first), or None when the key is missing."""
+        queued: the caller checks the node first), or None when the key is missing.
+
+        :class:`_WentOutBeforeSending` when ``node``'s epoch moved from ``epoch`` before
+        the key was stamped: a write made on disk in the outage may be stamped before this
+        increment's, where the check after the reply (:meth:`_slot_still`) cannot see it,
+        and memcached would count on a value older than it."""
         prev = self.stamps.current(key)
         stamp = self.stamps.bump(key)
         bumped[:] = [prev, stamp]
+        if self.states.epoch(node) != epoch:
+            raise _WentOutBeforeSending
         entry: DiskEntry | None = None
         for _try in range(_STUB_TRIES):
             now = time.time()
@@ -1022,8 +1063,17 @@ class TieredStore:
                 await _pause(client, _STUB_PAUSE)  # another caller's lease: let it finish
         return None
 
-    def _incr_on_disk(self, key: bytes, delta: int, bumped: list[int]) -> int | None:
-        entry = self._on_disk(key, self._base(key, bumped))
+    def _incr_on_disk(
+        self, key: bytes, delta: int, bumped: list[int], strict: bool = False
+    ) -> int | None:
+        """Count on the disk's entry (while the node is out, journaled). ``strict``: the
+        attempt on memcached may have counted (see :meth:`incr`)."""
+        if strict:
+            entry = self._on_disk(key, bumped[0]) if self._slot_still(key, bumped) else None
+            if entry is None:
+                raise _outcome_unknown(key)
+        else:
+            entry = self._on_disk(key, self._base(key, bumped))
         if entry is None:
             return None
         if entry.flags != FLAG_INTEGER:
@@ -1077,6 +1127,13 @@ class TieredStore:
             with self.journal.transaction() as connection:
                 if not self.states.is_out(node):
                     return 0
+                if self.states.replaced():
+                    # Its files were replaced and the new ones could not be mapped (the
+                    # transaction's check tried): marking the node up on the old pages
+                    # would leave the processes on the new ones journaling its keys while
+                    # this one reads memcached. Probe again once it could move.
+                    self.last_probe_error[node] = "the node states could not be followed"
+                    return None
                 if self.states.outages(node) != outage:
                     # Brought back by another process and out again while this waited:
                     # the probe answered before this outage, whose timed-out requests
@@ -1191,6 +1248,28 @@ async def _pause(client: CommandSet, seconds: float) -> None:
         time.sleep(seconds)  # noqa: ASYNC251 - run by the sync bridge, never on a loop
     else:
         await asyncio.sleep(seconds)
+
+
+class _WentOutBeforeSending(Exception):
+    """An increment's node went out between its state read and its stamp (see _incr_up)."""
+
+
+def _outcome_unknown(key: bytes) -> OutcomeUnknownError:
+    return OutcomeUnknownError(
+        f"the increment of {key.decode(errors='replace')!r} may have been counted by "
+        "memcached when its node failed, and the disk tier cannot count it alike (another "
+        "write of the key ran meanwhile, the disk had not caught up, or the node came back "
+        "meanwhile): it may have taken effect"
+    )
+
+
+def _may_have_run(error: BaseException) -> bool:
+    """Whether a request that failed with ``error`` may have reached memcached and run: a
+    timeout, a lost connection, a reply that did not parse. Not a connection that could
+    not be opened, or that memcached refused (nothing was sent)."""
+    return isinstance(error, (NetworkError, ProtocolError)) and not isinstance(
+        error, (ConnectFailedError, ServerRefusedConnectionError, LocalResourceError)
+    )
 
 
 def _describe(error: BaseException | None) -> str:

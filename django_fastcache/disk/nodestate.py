@@ -115,10 +115,11 @@ class NodeStates:
         except OSError as exc:
             for page in opened:
                 page.close()
+            where = exc.filename or self.directory
             raise OSError(
-                exc.errno,
+                exc.errno or 0,
                 f"the disk tier's node states at {self.directory} cannot be mapped "
-                f"({exc.strerror or exc}); every process on the host must share them",
+                f"({where}: {exc.strerror or exc}); every process on the host must share them",
             ) from exc
         return opened, stamps, identity
 
@@ -146,6 +147,12 @@ class NodeStates:
         for old, new in zip(old_maps, maps):
             if old[0] == _OUT:
                 new[0] = _OUT
+                # And its count: a replay that probed before the move must not take the
+                # new page's count for another outage.
+                outages = max(
+                    _COUNT.unpack_from(old, _OUTAGES)[0], _COUNT.unpack_from(new, _OUTAGES)[0]
+                )
+                _COUNT.pack_into(new, _OUTAGES, outages)
         for slot in range(_SLOTS + 1):
             offset = slot * _STAMP.size
             known: float = _STAMP.unpack_from(old_stamps, offset)[0]

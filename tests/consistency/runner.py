@@ -168,6 +168,9 @@ class RunResult:
     #: Reads that returned a value older than an acknowledged write or delete (or a value
     #: nobody wrote): what must never happen.
     violations: list[Violation] = field(default_factory=list)
+    #: Increments that raised OutcomeUnknownError (memcached may have counted them when
+    #: their node failed): allowed, and checked as increments that may have taken effect.
+    unknown_outcomes: int = 0
     #: Reads of nothing where a value was due (the checker's "stale nothing"). Allowed:
     #: the disk tier is written behind memcached, so a key whose latest write had not
     #: landed on disk when memcached lost it (or went out), or whose write was in flight,
@@ -230,7 +233,8 @@ class RunResult:
             f"  errors: {len(self.errors)}, stale reads: {len(self.violations)}; reads and "
             f"increments checked: {reads}, adds that took checked: {adds}; misses where a "
             f"value was due (allowed, the disk copy lagging or a write in flight): "
-            f"{len(self.misses)}"
+            f"{len(self.misses)}; increments of unknown outcome (allowed): "
+            f"{self.unknown_outcomes}"
         )
         return "\n".join(lines)
 
@@ -429,6 +433,7 @@ def run(
         elapsed = time.monotonic() - began
         logs: list[dict[str, array[int]]] = []
         errors: list[str] = []
+        unknown_outcomes = 0
         stats: list[dict[str, Any]] = []
         for worker, config in workers:
             if worker.exitcode != 0 or not os.path.exists(config.log_path):
@@ -438,9 +443,11 @@ def run(
             logs.append(result["log"])
             keys = result["keys"]
             errors += result["errors"]
+            unknown_outcomes += result["unknown_outcomes"]
             stats.append(result["stats"])
     history = History(logs, keys)
     outcome = RunResult(elapsed, processes, seed, history, events, errors, stats)
+    outcome.unknown_outcomes = unknown_outcomes
     log(f"checking {len(history)} operations")
     # Each outage may have lost any key whose disk copy was in flight, until it was over.
     losses = [(event.start, float(event.recovered or math.inf)) for event in events]

@@ -29,7 +29,7 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
-from django_fastcache.errors import OperationTimeoutError
+from django_fastcache.errors import OperationTimeoutError, OutcomeUnknownError
 from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.stampede import blocking_pause
 from django_fastcache.stampede import get_or_set as leased_get_or_set
@@ -184,11 +184,13 @@ class _Between:
 
 class _AppliedThenTimedOut:
     """Stands in for a tier's blocking client whose ``method`` reaches memcached and takes
-    effect, and whose reply never comes back in time (the node hung right after)."""
+    effect, and whose reply never comes back in time (the node hung right after, or this
+    process stalled past its timeout); ``meanwhile`` runs before the timeout fires."""
 
-    def __init__(self, inner: Any, method: str) -> None:
+    def __init__(self, inner: Any, method: str, meanwhile: Callable[[], None] | None = None):
         self._inner = inner
         self._method = method
+        self._meanwhile = meanwhile
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._inner, name)
@@ -197,9 +199,29 @@ class _AppliedThenTimedOut:
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             await attribute(*args, **kwargs)
+            if self._meanwhile is not None:
+                self._meanwhile()
             raise OperationTimeoutError("timed out: the node hung")
 
         return call
+
+
+def _timed_out_incr(
+    log: Log, cache: FastCache, process: int, key: str, meanwhile: Callable[[], None] | None = None
+) -> int | None:
+    """An incr through ``cache``'s tier that memcached counts and that times out: logged
+    as acknowledged with what it returned, or as failed when it raised OutcomeUnknownError
+    (it may have taken effect)."""
+    store = tier(cache)
+    hung = _AppliedThenTimedOut(store.blocking, "meta_arithmetic", meanwhile)
+    start = time.monotonic_ns()
+    try:
+        value: int | None = run_blocking(store.incr(hung, cache.wire_key(key), 1))
+    except OutcomeUnknownError:
+        log.record(Op(process, INCR, key, None, start, time.monotonic_ns(), False))
+        raise
+    log.record(Op(process, INCR, key, value, start, time.monotonic_ns(), True))
+    return value
 
 
 # -- a write racing a refill ------------------------------------------------------------------
@@ -1002,11 +1024,10 @@ def test_a_read_answered_after_its_node_went_out_is_not_served(
     wire = cache.wire_key("n")
 
     def incr_times_out() -> None:
-        hung = _AppliedThenTimedOut(tier(other).blocking, "meta_arithmetic")
-        start = time.monotonic_ns()
-        value = run_blocking(tier(other).incr(hung, wire, 1))
-        log.record(Op(1, INCR, "n", value, start, time.monotonic_ns(), True))
-        assert tier(other).metrics.nodes_marked_out == 1  # memcached holds 6: no call's
+        # memcached holds 6; the disk has not caught up, so the incr cannot count alike.
+        with pytest.raises(OutcomeUnknownError):
+            _timed_out_incr(log, other, 1, "n")
+        assert tier(other).metrics.nodes_marked_out == 1
 
     start = time.monotonic_ns()
     if read == "get_now":  # the sync API's flat path, on the tier's own blocking client
@@ -1039,11 +1060,11 @@ def test_a_read_answered_after_its_node_went_out_is_not_served(
     assert log.stale_reads() == []
 
 
-def test_an_incr_answered_after_its_node_went_out_counts_on_disk(
+def test_an_incr_answered_after_its_node_went_out_is_not_served_memcached_s_count(
     server: MemcachedServer, directory: str
 ) -> None:
     # The same window with an incr as the reader: memcached's count would include the
-    # other process's increment, which that process made on disk instead.
+    # other process's increment, whose outcome that process could not know.
     log = Log()
     cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
     store = tier(cache)
@@ -1052,18 +1073,52 @@ def test_an_incr_answered_after_its_node_went_out_counts_on_disk(
     wire = cache.wire_key("n")
 
     def incr_times_out() -> None:
-        hung = _AppliedThenTimedOut(tier(other).blocking, "meta_arithmetic")
-        start = time.monotonic_ns()
-        value = run_blocking(tier(other).incr(hung, wire, 1))
-        log.record(Op(1, INCR, "n", value, start, time.monotonic_ns(), True))
+        with pytest.raises(OutcomeUnknownError):
+            _timed_out_incr(log, other, 1, "n")
 
     client = _Between(store.blocking, "meta_arithmetic", incr_times_out)
     start = time.monotonic_ns()
-    value = run_blocking(store.incr(client, wire, 1))  # type: ignore[arg-type]
-    log.record(Op(0, INCR, "n", value, start, time.monotonic_ns(), True))
-    assert value is None  # not memcached's 7: counted on disk, which has nothing
+    with pytest.raises(OutcomeUnknownError):  # not memcached's 7: its count includes 1's
+        run_blocking(store.incr(client, wire, 1))  # type: ignore[arg-type]
+    log.record(Op(0, INCR, "n", None, start, time.monotonic_ns(), False))
     assert tier(other).metrics.nodes_marked_out == 1
     store.behind.resume()
+    assert log.stale_reads() == []
+
+
+def test_a_timed_out_incr_read_before_its_node_was_marked_out_is_not_counted_again(
+    server: MemcachedServer, directory: str
+) -> None:
+    # Found by the soak: an incr that memcached counted timed out (its process stalled),
+    # another process counted on top of it in memcached before the node was marked out,
+    # and the timed-out one was then counted again on the disk's value. It must refuse
+    # (OutcomeUnknownError: it may have taken effect) rather than count differently from
+    # what memcached answered meanwhile.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "n", 5)
+    assert tier(cache).flush(LANDING_WAIT)  # the disk is up to date
+
+    def counted_on_top() -> None:
+        assert log.incr(cache, 0, "n") == 7  # 5, +1 by process 1, +1 here
+
+    with pytest.raises(OutcomeUnknownError):
+        _timed_out_incr(log, other, 1, "n", counted_on_top)
+    assert log.get(cache, 0, "n") in (7, None)  # the node is out: the disk, by its stamps
+    assert log.stale_reads() == []
+
+
+def test_a_timed_out_incr_the_disk_can_count_alike_is_counted_on_disk(
+    server: MemcachedServer, directory: str
+) -> None:
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "n", 5)
+    assert tier(cache).flush(LANDING_WAIT)
+    # memcached counted 6; the disk counts 6 from the same 5, journaled.
+    assert _timed_out_incr(log, other, 1, "n") == 6
+    assert log.get(cache, 0, "n") == 6
+    assert tier(other).metrics.journaled == 1
     assert log.stale_reads() == []
 
 
@@ -1076,13 +1131,9 @@ def test_a_read_answered_after_its_node_went_out_gets_the_disk_s_value(
     store = tier(cache)
     log.set(cache, 0, "n", 5)
     assert store.flush(LANDING_WAIT)
-    wire = cache.wire_key("n")
 
     def incr_times_out() -> None:
-        hung = _AppliedThenTimedOut(tier(other).blocking, "meta_arithmetic")
-        start = time.monotonic_ns()
-        value = run_blocking(tier(other).incr(hung, wire, 1))
-        log.record(Op(1, INCR, "n", value, start, time.monotonic_ns(), True))
+        assert _timed_out_incr(log, other, 1, "n") == 6  # the disk counts as memcached did
 
     store.blocking = _Between(real := store.blocking, "value_now", incr_times_out)  # type: ignore[assignment]
     try:
@@ -1114,3 +1165,46 @@ def test_get_or_set_s_lease_won_after_its_node_went_out_is_given_back(
     )  # fmt: skip
     assert value == 9  # computed, and stored by the disk tier (the node is out)
     assert run_blocking(store.blocking.get(wire)) is None  # no stub left in memcached
+
+
+def test_an_incr_answered_after_its_node_went_out_keeps_its_count_when_the_key_is_its_own(
+    server: MemcachedServer, directory: str
+) -> None:
+    # No other write of the key since this increment's stamp: memcached's count is its
+    # alone, and the key was not journaled (no replay deletes it).
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store = tier(cache)
+    cache.set("n", 5)
+    wire = cache.wire_key("n")
+    client = _Between(store.blocking, "meta_arithmetic", lambda: tier(other).node_failed(0))
+    assert run_blocking(store.incr(client, wire, 1)) == 6  # type: ignore[arg-type]
+    assert store.metrics.journaled == 0
+    assert store.flush(LANDING_WAIT)
+    assert cache.get("n") == 6  # the node is out: the disk, which has the count
+
+
+def test_an_incr_whose_node_went_out_before_its_stamp_counts_on_the_outage_s_write(
+    server: MemcachedServer, directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process marks the node out and writes the key on disk between this
+    # increment's look at the node and its stamp: memcached (still reachable from here)
+    # would count on the value before that write, and the write would be lost.
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store = tier(cache)
+    cache.set("n", 5)
+    wire = cache.wire_key("n")
+    real_current = store.stamps.current
+    hooked: list[bool] = []
+
+    def current(key: bytes) -> int:
+        if not hooked:
+            hooked.append(True)
+            tier(other).node_failed(0)
+            other.set("n", 50)  # journaled, on disk
+        return real_current(key)
+
+    monkeypatch.setattr(store.stamps, "current", current)
+    assert run_blocking(store.incr(store.blocking, wire, 1)) == 51
+    assert hooked
+    monkeypatch.undo()
+    assert cache.get("n") == 51

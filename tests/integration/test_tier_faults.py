@@ -653,3 +653,37 @@ def test_a_process_still_on_removed_state_files_never_journals_past_a_replay(
     assert wait_for(lambda: node_states(a) == ["up"])
     assert a.get("key") in ("latest", None)
     assert b.get("key") in ("latest", None)
+
+
+def test_a_process_that_cannot_map_the_new_state_files_replays_nothing_until_it_can(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """The node states removed during an outage, and the new ones not to be mapped by this
+    process for a while: it must not mark the node up on the pages it still has, which the
+    processes on the new files never read (they would go on journaling its keys)."""
+    from django_fastcache.maintenance import maintenance
+
+    cache = make_cache([server.location], disk_directory)
+    tier = cache._shared().tiered
+    assert tier is not None
+    maintenance.unregister(tier)  # this test drives the replay
+    try:
+        tier.node_failed(0)
+        cache.set("key", "during")  # journaled
+        nodes = os.path.join(disk_directory, "nodes")
+        for name in os.listdir(nodes):
+            os.unlink(os.path.join(nodes, name))
+        os.mkdir(os.path.join(nodes, "distrust.state"))  # the new files cannot be made
+        tier.replay_settle = 0.0
+        assert tier.bring_back(0) is None
+        assert tier.last_probe_error[0] == "the node states could not be followed"
+        assert tier.states.is_out(0)
+        os.rmdir(os.path.join(nodes, "distrust.state"))
+        assert tier.bring_back(0) == 1  # moved (the transaction's check), then replayed
+        assert not tier.states.replaced()
+        assert node_states(cache) == ["up"]
+    finally:
+        maintenance.register(tier)
+    # Replayed (deleted from memcached); its disk entry was written before the move, so it
+    # no longer answers: a miss, never the value from before the outage.
+    assert cache.get("key") is None

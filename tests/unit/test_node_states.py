@@ -154,12 +154,16 @@ def test_the_maintenance_check_survives_a_reopen_that_fails(
         def __getattr__(self, name: str) -> Any:
             raise AssertionError(f"{name} used after a failed reopen")
 
+    class Stamps:
+        def replaced(self) -> bool:
+            return False  # (the stamps anchor is still checked)
+
     states = NodeStates(str(tmp_path), NODES)
     store = SimpleNamespace(
         states=states,
         directory=str(tmp_path),
         disk=Untouched(),
-        stamps=Untouched(),
+        stamps=Stamps(),
         _warnings=RateLimit(),
     )
     _remove_files(tmp_path)
