@@ -1008,6 +1008,28 @@ def test_an_incr_meeting_a_refills_stub_counts_once_the_value_is_back(
 # -- a read answered after its node went out -------------------------------------------------
 
 
+def _disk_lagging(server: MemcachedServer, directory: str) -> tuple[Log, FastCache, FastCache]:
+    """Two processes' caches; the first wrote n = 5, its disk copy held back (the test
+    resumes its writer)."""
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    tier(cache).behind.pause()  # the disk lags: 5 is not on it yet
+    log.set(cache, 0, "n", 5)
+    return log, cache, other
+
+
+def _refused_timed_out_incr(log: Log, other: FastCache) -> Callable[[], None]:
+    """A step: ``other`` increments n, memcached counts it, the call times out, and the
+    disk, not caught up, cannot count it alike (OutcomeUnknownError)."""
+
+    def step() -> None:
+        with pytest.raises(OutcomeUnknownError):
+            _timed_out_incr(log, other, 1, "n")
+        assert tier(other).metrics.nodes_marked_out == 1
+
+    return step
+
+
 @pytest.mark.parametrize("read", ["get_now", "get", "get_many", "get_or_set"])
 def test_a_read_answered_after_its_node_went_out_is_not_served(
     server: MemcachedServer, directory: str, read: str
@@ -1016,19 +1038,9 @@ def test_a_read_answered_after_its_node_went_out_is_not_served(
     # again, with the value of an incr that had timed out meanwhile and was then made on
     # the disk tier instead (from the disk's value: memcached's result is one no call
     # returned). Here the read's request is sent just after the incr.
-    log = Log()
-    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
-    store = tier(cache)
-    store.behind.pause()  # the disk lags: 5 is not on it yet
-    log.set(cache, 0, "n", 5)
-    wire = cache.wire_key("n")
-
-    def incr_times_out() -> None:
-        # memcached holds 6; the disk has not caught up, so the incr cannot count alike.
-        with pytest.raises(OutcomeUnknownError):
-            _timed_out_incr(log, other, 1, "n")
-        assert tier(other).metrics.nodes_marked_out == 1
-
+    log, cache, other = _disk_lagging(server, directory)
+    store, wire = tier(cache), cache.wire_key("n")
+    incr_times_out = _refused_timed_out_incr(log, other)
     start = time.monotonic_ns()
     if read == "get_now":  # the sync API's flat path, on the tier's own blocking client
         real = store.blocking
@@ -1065,18 +1077,9 @@ def test_an_incr_answered_after_its_node_went_out_is_not_served_memcached_s_coun
 ) -> None:
     # The same window with an incr as the reader: memcached's count would include the
     # other process's increment, whose outcome that process could not know.
-    log = Log()
-    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
-    store = tier(cache)
-    store.behind.pause()  # the disk lags: 5 is not on it yet
-    log.set(cache, 0, "n", 5)
-    wire = cache.wire_key("n")
-
-    def incr_times_out() -> None:
-        with pytest.raises(OutcomeUnknownError):
-            _timed_out_incr(log, other, 1, "n")
-
-    client = _Between(store.blocking, "meta_arithmetic", incr_times_out)
+    log, cache, other = _disk_lagging(server, directory)
+    store, wire = tier(cache), cache.wire_key("n")
+    client = _Between(store.blocking, "meta_arithmetic", _refused_timed_out_incr(log, other))
     start = time.monotonic_ns()
     with pytest.raises(OutcomeUnknownError):  # not memcached's 7: its count includes 1's
         run_blocking(store.incr(client, wire, 1))  # type: ignore[arg-type]
