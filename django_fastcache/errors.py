@@ -87,10 +87,10 @@ class OperationTimeoutError(NetworkError, builtins.TimeoutError):
 
 
 class OutcomeUnknownError(NetworkError):
-    """With the disk tier: an ``incr``/``decr`` whose node failed while it ran (a timeout, a
-    lost connection, or a reply that came after the node was marked out), so that memcached
-    may or may not have counted it, and the disk tier cannot count it without contradicting
-    what memcached may have answered meanwhile. The increment may have taken effect."""
+    """With the disk tier: an ``incr``/``decr`` or ``add`` whose node failed while it ran (a
+    timeout, a lost connection, or a reply that came after the node was marked out), so
+    that memcached may or may not have made it, and the disk tier cannot make it without
+    contradicting what memcached may have answered meanwhile. It may have taken effect."""
 
 
 class ServerRefusedConnectionError(NetworkError, builtins.ConnectionError):

@@ -25,9 +25,9 @@ The rules, which ``docs/disk-tier.md`` explains for users:
   Writes still queued behind when a node goes out are stamped already: their keys miss
   until they land, and a journaled write overtakes them.
 * **memcached's answer to a request is not served when the node went out while it ran**
-  (:meth:`TieredStore.went_out`): the disk tier answers. An ``incr`` memcached may have
-  counted when its node failed is counted on disk only where the disk counts it alike;
-  otherwise :class:`~.errors.OutcomeUnknownError`.
+  (:meth:`TieredStore.went_out`): the disk tier answers. An ``incr`` (or an ``add``)
+  memcached may have made when its node failed is made on disk only where the disk makes
+  it alike; otherwise :class:`~.errors.OutcomeUnknownError`.
 * **A disk tier that fails never fails a request**: the memcached result stands, and the
   entries involved stop answering (their stamps moved on before the disk was touched).
 """
@@ -674,16 +674,26 @@ class TieredStore:
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
+            strict = False
             if not self.states.is_out(node):
+                bumped.clear()
                 try:
                     return await self._add_up(client, key, data, flags, ttl, bumped)
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
+                    # Stamped: its store was sent, and memcached may have taken it (and
+                    # readers seen its value) before the node was marked out.
+                    strict = bool(bumped) and _may_have_run(exc)
             done, result = self._out(
-                node, key, lambda: self._add_on_disk(key, data, flags, ttl, bumped), False
+                node,
+                key,
+                functools.partial(self._add_on_disk, key, data, flags, ttl, bumped, strict),
+                False,
             )
             if done:
                 return result
+            if strict:  # the node came back meanwhile: trying again might be refused by itself
+                raise _outcome_unknown(key, "add")
         return False
 
     async def _add_up(
@@ -794,8 +804,20 @@ class TieredStore:
             self._queue(key, stamp, held.value, held.client_flags or 0, ttl, time.time())
 
     def _add_on_disk(
-        self, key: bytes, data: bytes, flags: int, ttl: float | None, bumped: list[int]
+        self,
+        key: bytes,
+        data: bytes,
+        flags: int,
+        ttl: float | None,
+        bumped: list[int],
+        strict: bool = False,
     ) -> bool:
+        """The add on disk (while the node is out, journaled). ``strict``: memcached may
+        have taken its store; made on disk only while no other write of the key was
+        stamped since (the disk found nothing under the stamp before, as memcached did),
+        else :class:`OutcomeUnknownError`."""
+        if strict and not self._slot_still(key, bumped):
+            raise _outcome_unknown(key, "add")
         if self._on_disk(key, self._base(key, bumped)) is not None:
             return False
         self._set_on_disk(key, data, flags, ttl)
@@ -1254,12 +1276,12 @@ class _WentOutBeforeSending(Exception):
     """An increment's node went out between its state read and its stamp (see _incr_up)."""
 
 
-def _outcome_unknown(key: bytes) -> OutcomeUnknownError:
+def _outcome_unknown(key: bytes, what: str = "increment") -> OutcomeUnknownError:
     return OutcomeUnknownError(
-        f"the increment of {key.decode(errors='replace')!r} may have been counted by "
-        "memcached when its node failed, and the disk tier cannot count it alike (another "
-        "write of the key ran meanwhile, the disk had not caught up, or the node came back "
-        "meanwhile): it may have taken effect"
+        f"the {what} of {key.decode(errors='replace')!r} may have been made by memcached "
+        f"when its node failed, and the disk tier cannot make it alike (another write of the "
+        "key ran meanwhile, the disk had not caught up, or the node came back meanwhile): it "
+        "may have taken effect"
     )
 
 

@@ -1211,3 +1211,40 @@ def test_an_incr_whose_node_went_out_before_its_stamp_counts_on_the_outage_s_wri
     assert hooked
     monkeypatch.undo()
     assert cache.get("n") == 51
+
+
+def test_a_timed_out_add_read_before_its_node_was_marked_out_is_not_refused_on_disk(
+    server: MemcachedServer, directory: str
+) -> None:
+    # memcached took the add and another process read its value; the add timed out, and
+    # before it marked the node out, the other process did and wrote the key on disk. The
+    # add must not then say it was refused (its value was read): OutcomeUnknownError.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    wire = cache.wire_key("n")
+    data, flags = cache._serializer.dumps(7)
+
+    def read_then_write_in_an_outage() -> None:
+        assert log.get(other, 1, "n") == 7  # memcached took the add
+        tier(other).node_failed(0)
+        log.set(other, 1, "n", 50)  # journaled, on disk, stamped after the add
+
+    hung = _AppliedThenTimedOut(tier(cache).blocking, "meta_set", read_then_write_in_an_outage)
+    start = time.monotonic_ns()
+    with pytest.raises(OutcomeUnknownError):
+        run_blocking(tier(cache).add(hung, wire, data, flags, None))  # type: ignore[arg-type]
+    log.record(Op(0, ADD, "n", 7, start, time.monotonic_ns(), False))
+    assert log.get(cache, 0, "n") == 50
+    assert log.stale_reads() == []
+
+
+def test_a_timed_out_add_the_disk_can_make_alike_is_made_on_disk(
+    server: MemcachedServer, directory: str
+) -> None:
+    cache = make(server.location, directory, 0)
+    wire = cache.wire_key("n")
+    data, flags = cache._serializer.dumps(7)
+    hung = _AppliedThenTimedOut(tier(cache).blocking, "meta_set")
+    assert run_blocking(tier(cache).add(hung, wire, data, flags, None)) is True  # type: ignore[arg-type]
+    assert tier(cache).metrics.journaled == 1
+    assert cache.get("n") == 7
