@@ -168,8 +168,8 @@ class RunResult:
     #: Reads that returned a value older than an acknowledged write or delete (or a value
     #: nobody wrote): what must never happen.
     violations: list[Violation] = field(default_factory=list)
-    #: Increments that raised OutcomeUnknownError (memcached may have counted them when
-    #: their node failed): allowed, and checked as increments that may have taken effect.
+    #: Increments and adds that raised OutcomeUnknownError (memcached may have made them
+    #: when their node failed): allowed, and checked as writes that may have taken effect.
     unknown_outcomes: int = 0
     #: Reads of nothing where a value was due (the checker's "stale nothing"). Allowed:
     #: the disk tier is written behind memcached, so a key whose latest write had not
@@ -233,7 +233,7 @@ class RunResult:
             f"  errors: {len(self.errors)}, stale reads: {len(self.violations)}; reads and "
             f"increments checked: {reads}, adds that took checked: {adds}; misses where a "
             f"value was due (allowed, the disk copy lagging or a write in flight): "
-            f"{len(self.misses)}; increments of unknown outcome (allowed): "
+            f"{len(self.misses)}; increments and adds of unknown outcome (allowed): "
             f"{self.unknown_outcomes}"
         )
         return "\n".join(lines)

@@ -168,7 +168,7 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
                 if not cache.add(keys[key], value, timeout=None):
                     value = None  # refused: the key held a value
         except OutcomeUnknownError:
-            ok = False  # an incr memcached may have counted when its node failed: allowed
+            ok = False  # an incr or add memcached may have made as its node failed: allowed
             unknown_outcomes += 1
         except Exception:
             ok = False
