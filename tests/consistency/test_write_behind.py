@@ -17,6 +17,7 @@ The killed process is a real one.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -158,6 +159,19 @@ def directory(tmp_path: Path) -> Iterator[str]:
     path = tmp_path / "disk"
     yield str(path)
     forget_stacks(path)
+
+
+@contextlib.contextmanager
+def _still(store: TieredStore) -> Iterator[None]:
+    """The block runs with ``store``'s process kept from moving by its maintenance thread
+    (the test moves it, or keeps it on the files it has)."""
+    from django_fastcache.maintenance import maintenance
+
+    maintenance.unregister(store)
+    try:
+        yield
+    finally:
+        maintenance.register(store)
 
 
 class _Between:
@@ -554,13 +568,12 @@ def test_a_process_on_a_deleted_directory_misses_rather_than_answering_its_old_c
     # own old copy from the removed files. Once P moves, no entry written before answers.
     import shutil
 
-    from django_fastcache.maintenance import check_files, maintenance
+    from django_fastcache.maintenance import check_files
 
     log = Log()
     older = make(server.location, directory, 0)
     store = tier(older)
-    maintenance.unregister(store)  # the test moves P itself, after its read
-    try:
+    with _still(store):  # the test moves P itself, after its read
         log.set(older, 0, "k", 1)
         assert store.flush(LANDING_WAIT)
         server.flush()
@@ -583,8 +596,6 @@ def test_a_process_on_a_deleted_directory_misses_rather_than_answering_its_old_c
         server.flush()
         for process, each in ((0, older), (1, newer)):
             assert log.get(each, process, "k") == 3
-    finally:
-        maintenance.register(store)
     assert log.stale_reads() == []
 
 
@@ -596,13 +607,12 @@ def test_a_process_that_moved_stamps_its_writes_where_the_directory_s_processes_
     # land, and memcached losing the key then hands Q its own older value.
     import shutil
 
-    from django_fastcache.maintenance import check_files, maintenance
+    from django_fastcache.maintenance import check_files
 
     log = Log()
     older = make(server.location, directory, 0)
     store = tier(older)
-    maintenance.unregister(store)  # the test moves P itself
-    try:
+    with _still(store):  # the test moves P itself
         log.set(older, 0, "k", 1)
         assert store.flush(LANDING_WAIT)
         shutil.rmtree(directory)
@@ -613,8 +623,6 @@ def test_a_process_that_moved_stamps_its_writes_where_the_directory_s_processes_
         log.set(newer, 1, "k", 2)
         assert tier(newer).flush(LANDING_WAIT)
         _lost_before_landing(log, server, older, 0, 3, ((1, newer), (0, older)))  # not Q's 2
-    finally:
-        maintenance.register(store)
     assert log.stale_reads() == []
 
 
@@ -669,13 +677,12 @@ def test_a_process_whose_stamps_anchor_was_removed_moves_to_the_directory_s_at_i
     # A temp cleaner removes the anchor alone (it is written only when a table is made);
     # Q, started afterwards, makes another anchor and table. P's check of the files moves
     # its stamps there, so its later write hides Q's older entry.
-    from django_fastcache.maintenance import check_files, maintenance
+    from django_fastcache.maintenance import check_files
 
     log = Log()
     older = make(server.location, directory, 0)
     store = tier(older)
-    maintenance.unregister(store)  # the test moves P itself
-    try:
+    with _still(store):  # the test moves P itself
         os.unlink(store.stamps.path)
         newer = make(server.location, directory, 1)
         assert tier(newer).stamps.table_path != store.stamps.table_path
@@ -684,8 +691,6 @@ def test_a_process_whose_stamps_anchor_was_removed_moves_to_the_directory_s_at_i
         log.set(newer, 1, "k", 2)
         assert tier(newer).flush(LANDING_WAIT)
         _lost_before_landing(log, server, older, 0, 3, ((1, newer), (0, older)))  # not Q's 2
-    finally:
-        maintenance.register(store)
     assert log.stale_reads() == []
 
 
@@ -700,13 +705,10 @@ def test_a_write_by_a_process_whose_anchor_was_removed_may_be_lost_until_it_move
     # The anchor alone removed; Q, started afterwards, makes another anchor and table and
     # writes. P, not moved yet, stamps its own table; its copy has not landed when
     # memcached loses the key: Q answers its own older copy.
-    from django_fastcache.maintenance import maintenance
-
     log = Log()
     older = make(server.location, directory, 0)
     store = tier(older)
-    maintenance.unregister(store)  # P does not move during the test
-    try:
+    with _still(store):  # P does not move during the test
         os.unlink(store.stamps.path)
         newer = make(server.location, directory, 1)
         log.set(newer, 1, "k", 2)
@@ -718,8 +720,6 @@ def test_a_write_by_a_process_whose_anchor_was_removed_may_be_lost_until_it_move
             log.get(newer, 1, "k")  # 2: older than P's acknowledged 3
         finally:
             store.behind.resume()
-    finally:
-        maintenance.register(store)
     assert log.stale_reads() == []
 
 
@@ -733,13 +733,10 @@ def test_a_write_by_a_process_on_a_deleted_directory_may_be_lost_until_it_moves(
     # moves: Q answers its own older copy from the directory's files.
     import shutil
 
-    from django_fastcache.maintenance import maintenance
-
     log = Log()
     older = make(server.location, directory, 0)
     store = tier(older)
-    maintenance.unregister(store)  # P does not move during the test
-    try:
+    with _still(store):  # P does not move during the test
         log.set(older, 0, "k", 1)
         assert store.flush(LANDING_WAIT)
         shutil.rmtree(directory)
@@ -750,8 +747,6 @@ def test_a_write_by_a_process_on_a_deleted_directory_may_be_lost_until_it_moves(
         assert store.flush(LANDING_WAIT)
         server.flush()
         log.get(newer, 1, "k")  # 2: older than P's acknowledged 3
-    finally:
-        maintenance.register(store)
     assert log.stale_reads() == []
 
 
