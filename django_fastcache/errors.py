@@ -11,8 +11,9 @@ its branches when they care why:
   discarded.
 * :class:`NetworkError` — connecting failed, the connection dropped, the node is marked
   out, the server refused the connection, or the call ran past its timeout; the connection
-  is discarded. :class:`TLSError` and :class:`AuthenticationError` are connects that failed
-  because the node's certificate or the credentials did not check out.
+  is discarded. :class:`ConnectFailedError` (:class:`ConnectTimeoutError` among them) says
+  the request was never sent. :class:`TLSError` and :class:`AuthenticationError` are
+  connects that failed because the node's certificate or the credentials did not check out.
   :class:`LocalResourceError` is the one branch that blames this process (out of
   descriptors), not the node.
 """
@@ -86,6 +87,12 @@ class OperationTimeoutError(NetworkError, builtins.TimeoutError):
     """A call ran past its timeout; its connection was discarded."""
 
 
+class ConnectTimeoutError(ConnectFailedError, OperationTimeoutError):
+    """No connection to the node within the time allowed: ``connect_timeout`` ran out
+    (connecting, the TLS handshake or authentication), or the call's timeout while it
+    waited for a connection. The request was not sent, so it did not run."""
+
+
 class OutcomeUnknownError(NetworkError):
     """With the disk tier: an ``incr``/``decr`` or ``add`` whose node failed while it ran (a
     timeout, a lost connection, or a reply that came after the node was marked out), so
@@ -128,6 +135,7 @@ __all__ = [
     "CommandError",
     "ConfigurationError",
     "ConnectFailedError",
+    "ConnectTimeoutError",
     "ConnectionLostError",
     "FastCacheError",
     "InvalidArgumentError",

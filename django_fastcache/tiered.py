@@ -1288,7 +1288,8 @@ def _outcome_unknown(key: bytes, what: str = "increment") -> OutcomeUnknownError
 def _may_have_run(error: BaseException) -> bool:
     """Whether a request that failed with ``error`` may have reached memcached and run: a
     timeout, a lost connection, a reply that did not parse. Not a connection that could
-    not be opened, or that memcached refused (nothing was sent)."""
+    not be opened in time (:class:`ConnectFailedError`, :class:`ConnectTimeoutError`
+    among them), or that memcached refused: nothing was sent."""
     return isinstance(error, (NetworkError, ProtocolError)) and not isinstance(
         error, (ConnectFailedError, ServerRefusedConnectionError, LocalResourceError)
     )

@@ -33,6 +33,7 @@ from .._mypyc import i64, mypyc_attr
 from ..errors import (
     CommandError,
     ConnectionLostError,
+    ConnectTimeoutError,
     FastCacheError,
     OperationTimeoutError,
     TLSError,
@@ -529,7 +530,7 @@ def _open_socket(address: Address, connect_timeout: float) -> socket.socket:
         if address.path is None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except TimeoutError:
-        raise OperationTimeoutError(
+        raise ConnectTimeoutError(
             f"connecting to {address} took longer than {connect_timeout}s"
         ) from None
     except OSError as exc:
@@ -559,7 +560,7 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
             if isinstance(exc, ssl.SSLError):
                 raise tls_error(address, hostname, exc) from exc
             if isinstance(exc, TimeoutError):
-                raise OperationTimeoutError(
+                raise ConnectTimeoutError(
                     f"the TLS handshake with {address} took longer than {connect_timeout}s"
                 ) from None
             if isinstance(exc, OSError):
@@ -572,7 +573,7 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
     if username is not None:
         try:
             if not connection._limit_kernel_timeout(deadline):
-                raise OperationTimeoutError(f"connecting to {address} used up connect_timeout")
+                raise ConnectTimeoutError(f"connecting to {address} used up connect_timeout")
             connection.send(security.auth_request(), deadline)
             reply = connection.receive_one(_STORAGE, deadline)
             connection._restore_kernel_timeout()
@@ -580,6 +581,14 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
             if refused is not None:
                 raise refused
             check_auth_reply(reply, address, username)
+        except OperationTimeoutError as exc:
+            connection.close(abort=True)
+            if isinstance(exc, ConnectTimeoutError):
+                raise
+            # Still connecting: no request of the caller's was sent.
+            raise ConnectTimeoutError(
+                f"authenticating with {address} took longer than {connect_timeout}s"
+            ) from None
         except BaseException:
             connection.close(abort=True)
             raise

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ClientClosedError, FastCacheError, NetworkError, OperationTimeoutError
+from ..errors import ClientClosedError, ConnectTimeoutError, FastCacheError, NetworkError
 from .address import Address
 from .connect import open_connection
 from .connection import Connection
@@ -56,8 +56,9 @@ class PoolMetrics:
     wait_seconds: float = 0.0
 
 
-class _WaitTimeout(OperationTimeoutError):
-    """No connection came free in time: the pool was busy, which says nothing of the node."""
+class _WaitTimeout(ConnectTimeoutError):
+    """No connection came free in time: the pool was busy, which says nothing of the node
+    (and nothing was sent)."""
 
 
 class Pool:
@@ -183,7 +184,7 @@ class Pool:
             task.cancel()
             task.add_done_callback(self._settle)
             raise self._connect_failed(
-                OperationTimeoutError(
+                ConnectTimeoutError(
                     f"connecting to {address} took longer than {settings.connect_timeout}s"
                     if connect_deadline <= deadline
                     else f"no connection to {address} within the call's timeout"

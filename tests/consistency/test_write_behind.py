@@ -21,6 +21,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1243,3 +1244,36 @@ def test_a_timed_out_add_the_disk_can_make_alike_is_made_on_disk(
     assert run_blocking(tier(cache).add(hung, wire, data, flags, None)) is True  # type: ignore[arg-type]
     assert tier(cache).metrics.journaled == 1
     assert cache.get("n") == 7
+
+
+def test_an_incr_that_could_not_connect_is_counted_on_disk_like_any_write_of_an_outage(
+    server: MemcachedServer, directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A connect that times out sent nothing: the increment did not run in memcached, so it
+    # is counted on the disk's latest value, even though another write of the key was
+    # stamped meanwhile (which, had the increment been sent, would leave its outcome
+    # unknown).
+    log = Log()
+    # (Timeouts no load can reach: only the connect below may fail. Nothing is left in
+    # flight for the replay to wait out.)
+    cache = make(server.location, directory, 0, operation_timeout=30.0)
+    other = make(server.location, directory, 1, operation_timeout=30.0)
+    tier(cache).replay_settle = tier(other).replay_settle = 0.0
+    log.set(cache, 0, "n", 5)
+    connect = socket.socket.connect
+    connects: list[Any] = []
+
+    def written_meanwhile_then_timed_out(sock: socket.socket, address: Any) -> None:
+        monkeypatch.setattr(socket.socket, "connect", connect)
+        connects.append(address)
+        log.set(cache, 0, "n", 9)  # over process 0's open connection
+        assert tier(cache).flush(LANDING_WAIT)
+        raise TimeoutError("timed out")  # what the kernel's connect timeout raises
+
+    monkeypatch.setattr(socket.socket, "connect", written_meanwhile_then_timed_out)
+    assert log.incr(other, 1, "n") == 10
+    assert len(connects) == 1  # the increment's own connect, which timed out
+    assert tier(other).metrics.nodes_marked_out == 1
+    assert tier(other).metrics.journaled == 1
+    assert log.get(other, 1, "n") == 10
+    assert log.stale_reads() == []
