@@ -544,6 +544,15 @@ class TieredStore:
             return bumped[0]
         return None
 
+    def _before(self, key: bytes, bumped: list[int]) -> int:
+        """The stamp ``key``'s value lies under, read as another attempt of a call whose
+        earlier one stamped ``bumped`` = [before, after] is about to stamp it again: the
+        stamp before the earlier attempt's, unless another write stamped the slot since.
+        (Nothing lies under an attempt's own stamp: its disk copy is queued only once it
+        succeeded, and then the call returns.)"""
+        base = self._base(key, bumped)
+        return self.stamps.current(key) if base is None else base
+
     def set_now(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
         """:meth:`set` on the blocking client, as a plain call (the sync API's flat path;
         every argument is valid, as the backend's are)."""
@@ -842,7 +851,7 @@ class TieredStore:
     async def _touch_up(
         self, client: CommandSet, key: bytes, ttl: float | None, bumped: list[int]
     ) -> bool:
-        prev = self.stamps.current(key)
+        prev = self._before(key, bumped) if bumped else self.stamps.current(key)
         stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
         bumped[:] = [prev, stamp]
         now = time.time()
@@ -898,7 +907,7 @@ class TieredStore:
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
-                prev = self.stamps.current(key)
+                prev = self._before(key, bumped) if bumped else self.stamps.current(key)
                 stamp = self.stamps.bump(key, gone=True)
                 bumped[:] = [prev, stamp]
                 try:
@@ -919,7 +928,7 @@ class TieredStore:
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
-                prev = self.stamps.current(key)
+                prev = self._before(key, bumped) if bumped else self.stamps.current(key)
                 stamp = self.stamps.bump(key, gone=True)
                 bumped[:] = [prev, stamp]
                 try:
@@ -944,7 +953,7 @@ class TieredStore:
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
-                prev = self.stamps.current(key)
+                prev = self._before(key, bumped) if bumped else self.stamps.current(key)
                 stamp = self.stamps.bump(key, gone=True)
                 bumped[:] = [prev, stamp]
                 try:
@@ -1050,7 +1059,7 @@ class TieredStore:
         the key was stamped: a write made on disk in the outage may be stamped before this
         increment's, where the check after the reply (:meth:`_slot_still`) cannot see it,
         and memcached would count on a value older than it."""
-        prev = self.stamps.current(key)
+        prev = self._before(key, bumped) if bumped else self.stamps.current(key)
         stamp = self.stamps.bump(key)
         bumped[:] = [prev, stamp]
         if self.states.epoch(node) != epoch:

@@ -18,6 +18,7 @@ The killed process is a real one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import os
 import signal
@@ -1276,4 +1277,48 @@ def test_an_incr_that_could_not_connect_is_counted_on_disk_like_any_write_of_an_
     assert tier(other).metrics.nodes_marked_out == 1
     assert tier(other).metrics.journaled == 1
     assert log.get(other, 1, "n") == 10
+    assert log.stale_reads() == []
+
+
+@pytest.mark.parametrize("call", ["incr", "touch", "delete"])
+def test_a_call_tried_again_after_its_node_flapped_finds_the_disk_s_value(
+    server: MemcachedServer, directory: str, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    # The first attempt stamps the key and cannot connect (nothing sent); its node is
+    # marked out and back before the disk is tried, so the call tries memcached again,
+    # finds it empty (restarted), and must find the value the disk holds under the stamp
+    # before the first attempt's, not look for one under the first attempt's stamp (where
+    # nothing was ever written).
+    log = Log()
+    cache = make(server.location, directory, 0)
+    store = tier(cache)
+    log.set(cache, 0, "n", 5)
+    assert store.flush(LANDING_WAIT)
+    server.flush()  # memcached lost the value; the disk holds 5
+    store.blocking.close_thread_connections()  # the call opens a connection
+    connect, mark_out = socket.socket.connect, store.states.mark_out
+    flapped: list[int] = []
+
+    def refused(sock: socket.socket, address: Any) -> None:
+        monkeypatch.setattr(socket.socket, "connect", connect)
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "refused")
+
+    def out_and_back(node: int) -> bool:
+        changed = mark_out(node)
+        store.states.mark_up(node)  # (as a probe that found it answering again would)
+        flapped.append(node)
+        return changed
+
+    monkeypatch.setattr(socket.socket, "connect", refused)
+    monkeypatch.setattr(store.states, "mark_out", out_and_back)
+    with _still(store):  # no probe of the maintenance thread in between
+        if call == "incr":
+            assert log.incr(cache, 0, "n") == 6
+        elif call == "touch":
+            assert cache.touch("n", None) is True
+        else:
+            assert cache.delete("n") is True
+    assert flapped  # the first attempt did fail, and its node did flap
+    monkeypatch.undo()
+    assert log.get(cache, 0, "n") == {"incr": 6, "touch": 5, "delete": None}[call]
     assert log.stale_reads() == []
