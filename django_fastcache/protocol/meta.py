@@ -373,13 +373,15 @@ _STATUSES = {status.value: status for status in MetaStatus}
 # Replies memcached often sends bare, built once.
 _BARE = {status.value: MetaReply(status) for status in MetaStatus if status is not MetaStatus.VA}
 _MN = _BARE[b"MN"]
-# The commonest value reply, to mg's default flags, to meta_get_many's and to
-# get_or_set's (a CAS before the flags), read in one step; anything else (or anything
-# wrong with it) takes the general path.
+# The commonest value replies, read in one step: to mg's default flags, to
+# meta_get_many's and to get_or_set's (a CAS before the flags, and a lease's W, Z or X
+# after them); and to ma's (a counter: CAS and TTL). Anything else (or anything wrong
+# with it) takes the general path.
 _SIMPLE_VALUE = re.compile(
     rb"VA ([0-9]{1,20}) (?:c([0-9]{1,20}) )?f([0-9]{1,10})"
-    rb"(?: k([\x21-\x7e\x80-\xff]{1,250}))?\r\n"
+    rb"(?: k([\x21-\x7e\x80-\xff]{1,250}))?((?: [WXZ])*)\r\n"
 )
+_COUNT_VALUE = re.compile(rb"VA ([0-9]{1,20}) c([0-9]{1,20}) t(-1|[0-9]{1,20})\r\n")
 # Values at least this long are copied out through a memoryview: one copy instead of two.
 _VIEW_COPY_THRESHOLD = 4096
 
@@ -431,6 +433,8 @@ def read_meta_reply(
 ) -> tuple[MetaResult, int] | None:
     """The one meta reply (``MN`` included) at ``pos`` and where the next one starts, or
     None while it is incomplete. Raises ProtocolError for bytes that break the protocol."""
+    if buffer.startswith(b"MN\r\n", pos):  # the end of every batch
+        return _MN, pos + 4
     simple = _SIMPLE_VALUE.match(buffer, pos)
     if simple is not None:
         length = int(simple[1])
@@ -445,9 +449,35 @@ def read_meta_reply(
             and start - pos - 2 <= max_line_length
             and buffer.startswith(b"\r\n", data_end)
         ):
+            marks = simple[5]
             return MetaReply(
-                MetaStatus.VA, _copy(buffer, start, data_end), cas, client_flags, key=simple[4]
+                MetaStatus.VA,
+                _copy(buffer, start, data_end),
+                cas,
+                client_flags,
+                key=simple[4],
+                win=b"W" in marks,
+                stale=b"X" in marks,
+                won_elsewhere=b"Z" in marks,
             ), data_end + 2
+    else:
+        count = _COUNT_VALUE.match(buffer, pos)
+        if count is not None:
+            length = int(count[1])
+            start = count.end()
+            data_end = start + length
+            cas = int(count[2])
+            ttl = int(count[3])
+            if (
+                length <= max_value_size
+                and cas <= _UINT64_MAX
+                and ttl <= _UINT64_MAX
+                and start - pos - 2 <= max_line_length
+                and buffer.startswith(b"\r\n", data_end)
+            ):
+                return MetaReply(
+                    MetaStatus.VA, _copy(buffer, start, data_end), cas, ttl=ttl
+                ), data_end + 2
     limit = pos + max_line_length + 2
     newline = buffer.find(b"\n", pos, limit)
     if newline < 0:

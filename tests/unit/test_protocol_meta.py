@@ -363,6 +363,22 @@ VALID: list[tuple[bytes, list[Any]]] = [
         [MetaReply(S.VA, b"", cas=1, ttl=-1, win=True)],
     ),
     (b"HD c1 Z\r\nMN\r\n", [MetaReply(S.HD, cas=1, won_elsewhere=True)]),
+    # The shapes read in one step: a counter's (ma), a lease's (mg ... N).
+    (b"VA 1 c7 t-1\r\n5\r\nMN\r\n", [MetaReply(S.VA, b"5", cas=7, ttl=-1)]),
+    (
+        b"VA 20 c18446744073709551615 t18446744073709551615\r\n18446744073709551615\r\nMN\r\n",
+        [MetaReply(S.VA, b"18446744073709551615", cas=2**64 - 1, ttl=2**64 - 1)],
+    ),
+    (b"VA 2 c1 t0060\r\n12\r\nMN\r\n", [MetaReply(S.VA, b"12", cas=1, ttl=60)]),
+    (b"VA 0 c3 f0 W\r\n\r\nMN\r\n", [MetaReply(S.VA, b"", cas=3, client_flags=0, win=True)]),
+    (
+        b"VA 0 c3 f0 Z\r\n\r\nMN\r\n",
+        [MetaReply(S.VA, b"", cas=3, client_flags=0, won_elsewhere=True)],
+    ),
+    (
+        b"VA 1 c3 f2 kab X W\r\nv\r\nMN\r\n",
+        [MetaReply(S.VA, b"v", cas=3, client_flags=2, key=b"ab", stale=True, win=True)],
+    ),
     (b"VA 1 X W\r\nv\r\nMN\r\n", [MetaReply(S.VA, b"v", stale=True, win=True)]),
     (
         b"VA 1 Z X h1\r\nv\r\nMN\r\n",
@@ -578,6 +594,13 @@ BROKEN: list[tuple[bytes, type[ProtocolError], str]] = [
     (b"HD W1\r\n", ProtocolError, "with an argument"),
     (b"HD  c1\r\n", ProtocolError, "empty flag"),
     (b"MN 1\r\n", ProtocolError, "MN with arguments"),
+    # The shapes read in one step, wrong: the general path's errors.
+    (b"VA 1 c1 t-1\r\n5\nMN\r\n", ProtocolError, "followed by"),
+    (b"VA 1 c18446744073709551616 t-1\r\n5\r\n", ProtocolError, "c flag out of range"),
+    (b"VA 1 c1 t18446744073709551616\r\n5\r\n", ProtocolError, "t flag out of range"),
+    (b"VA 1 c1 t-2\r\n5\r\n", ProtocolError, "t flag out of range"),
+    (b"VA 0 c1 f0 W1\r\n\r\n", ProtocolError, "with an argument"),
+    (b"VA 0 c1 f4294967296 W\r\n\r\n", ProtocolError, "f flag out of range"),
     (b"HD " + b"x" * 9000 + b"\r\n", ProtocolError, "no line ending within"),
 ]
 
