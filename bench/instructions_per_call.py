@@ -125,18 +125,31 @@ def _worker_command(location: str, subject: str, operation: str, calls: int) -> 
     ]
 
 
-def instructions(location: str, subject: str, operation: str, calls: int) -> int:
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--callgrind-out-file=/dev/null",
-        *_worker_command(location, subject, operation, calls),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        raise RuntimeError(f"callgrind run failed for {subject} / {operation}:\n{done.stderr}")
-    return int(found.group(1))
+def instructions(
+    location: str, subject: str, operation: str, calls: int, calling_thread: bool = False
+) -> int:
+    """The instructions of a run; ``calling_thread``: of the thread making the calls only
+    (not the disk tier's writer and maintenance threads, whose batches come and go)."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={os.path.join(out, 'run')}",
+            f"--separate-threads={'yes' if calling_thread else 'no'}",
+            *_worker_command(location, subject, operation, calls),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode != 0 or found is None:
+            raise RuntimeError(f"callgrind run failed for {subject} / {operation}:\n{done.stderr}")
+        if not calling_thread:
+            return int(found.group(1))
+        # Thread 1 (the main thread, which makes the calls) is written to "run-01".
+        with open(os.path.join(out, "run-01")) as main_thread:
+            for line in main_thread:
+                if line.startswith("summary:"):
+                    return int(line.split()[1])
+        raise RuntimeError(f"no summary in callgrind's output for {subject} / {operation}")
 
 
 def system_calls(location: str, subject: str, operation: str, calls: int) -> dict[str, int]:
@@ -171,6 +184,11 @@ def main() -> None:
     parser.add_argument("--subjects", help="comma-separated exact subject names")
     parser.add_argument("--calls", type=int, default=2000, help="N2; N1 is half of it")
     parser.add_argument("--no-syscalls", action="store_true", help="skip the strace counts")
+    parser.add_argument(
+        "--calling-thread",
+        action="store_true",
+        help="count the calling thread's instructions only (not the disk tier's threads)",
+    )
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -193,8 +211,8 @@ def main() -> None:
         for subject in subjects:
             for operation in operations:
                 counted = per_call(
-                    instructions(server.location, subject, operation, n1),
-                    instructions(server.location, subject, operation, n2),
+                    instructions(server.location, subject, operation, n1, args.calling_thread),
+                    instructions(server.location, subject, operation, n2, args.calling_thread),
                     n1,
                     n2,
                 )
@@ -208,7 +226,10 @@ def main() -> None:
                             calls[name] = count
                 rows.append((subject, operation, counted, calls))
                 print(f"  {subject} / {operation}: {counted:,.0f}", file=sys.stderr, flush=True)
-    print(f"FastCache {compiled.describe()}; per call, from runs of {n1} and {n2} calls")
+    print(
+        f"FastCache {compiled.describe()}; per call, from runs of {n1} and {n2} calls"
+        + ("; instructions of the calling thread only" if args.calling_thread else "")
+    )
     reference = {
         "raw FastCache BlockingClient": "raw pylibmc",
         "django FastCache": "django PyLibMCCache",
