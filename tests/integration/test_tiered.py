@@ -726,6 +726,8 @@ def test_the_replay_deletes_exactly_the_journaled_keys_before_the_node_is_marked
     monkeypatch.setattr(store.blocking, "delete_many", delete_many)
     server.resume()
     wait_for_state(cache, server.location, "up")
+    # The probe marks the node up, then counts the replay and sends node_back.
+    wait_until(lambda: len(signals_sent) == 2, "node_back sent")
     # Exactly the journaled keys were deleted...
     assert replayed
     assert all(sorted(keys) == sorted(journaled) for keys in replayed)
