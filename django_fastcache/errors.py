@@ -12,8 +12,10 @@ its branches when they care why:
 * :class:`NetworkError` — connecting failed, the connection dropped, the node is marked
   out, the server refused the connection, or the call ran past its timeout; the connection
   is discarded. :class:`ConnectFailedError` (:class:`ConnectTimeoutError` among them) says
-  the request was never sent. :class:`TLSError` and :class:`AuthenticationError` are
-  connects that failed because the node's certificate or the credentials did not check out.
+  the request was never sent, except a :class:`TLSError`: :class:`TLSError` and
+  :class:`AuthenticationError` are connects that failed because the node's certificate or
+  the credentials did not check out, and a :class:`TLSError` is also a TLS session that
+  broke on an established connection.
   :class:`LocalResourceError` is the one branch that blames this process (out of
   descriptors), not the node.
 """

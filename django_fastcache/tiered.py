@@ -63,6 +63,7 @@ from .errors import (
     OutcomeUnknownError,
     ProtocolError,
     ServerRefusedConnectionError,
+    TLSError,
 )
 from .expiry import memcached_exptime
 from .logs import RateLimit, logger
@@ -1296,9 +1297,13 @@ def _outcome_unknown(key: bytes, what: str = "increment") -> OutcomeUnknownError
 
 def _may_have_run(error: BaseException) -> bool:
     """Whether a request that failed with ``error`` may have reached memcached and run: a
-    timeout, a lost connection, a reply that did not parse. Not a connection that could
-    not be opened in time (:class:`ConnectFailedError`, :class:`ConnectTimeoutError`
-    among them), or that memcached refused: nothing was sent."""
+    timeout, a lost connection, a reply that did not parse, a TLS session that broke (a
+    :class:`TLSError` also comes from an established connection, after a request went
+    out). Not a connection that could not be opened in time (:class:`ConnectFailedError`,
+    :class:`ConnectTimeoutError` among them), or that memcached refused: nothing was
+    sent."""
+    if isinstance(error, TLSError):
+        return True
     return isinstance(error, (NetworkError, ProtocolError)) and not isinstance(
         error, (ConnectFailedError, ServerRefusedConnectionError, LocalResourceError)
     )

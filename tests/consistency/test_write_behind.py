@@ -32,7 +32,7 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
-from django_fastcache.errors import OperationTimeoutError, OutcomeUnknownError
+from django_fastcache.errors import OperationTimeoutError, OutcomeUnknownError, TLSError
 from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.stampede import blocking_pause
 from django_fastcache.stampede import get_or_set as leased_get_or_set
@@ -201,12 +201,20 @@ class _Between:
 class _AppliedThenTimedOut:
     """Stands in for a tier's blocking client whose ``method`` reaches memcached and takes
     effect, and whose reply never comes back in time (the node hung right after, or this
-    process stalled past its timeout); ``meanwhile`` runs before the timeout fires."""
+    process stalled past its timeout); ``meanwhile`` runs before the timeout fires.
+    ``error``: what the call raises instead of the timeout (a reply lost otherwise)."""
 
-    def __init__(self, inner: Any, method: str, meanwhile: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        inner: Any,
+        method: str,
+        meanwhile: Callable[[], None] | None = None,
+        error: Exception | None = None,
+    ):
         self._inner = inner
         self._method = method
         self._meanwhile = meanwhile
+        self._error = error
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._inner, name)
@@ -217,19 +225,24 @@ class _AppliedThenTimedOut:
             await attribute(*args, **kwargs)
             if self._meanwhile is not None:
                 self._meanwhile()
-            raise OperationTimeoutError("timed out: the node hung")
+            raise self._error or OperationTimeoutError("timed out: the node hung")
 
         return call
 
 
 def _timed_out_incr(
-    log: Log, cache: FastCache, process: int, key: str, meanwhile: Callable[[], None] | None = None
+    log: Log,
+    cache: FastCache,
+    process: int,
+    key: str,
+    meanwhile: Callable[[], None] | None = None,
+    error: Exception | None = None,
 ) -> int | None:
-    """An incr through ``cache``'s tier that memcached counts and that times out: logged
-    as acknowledged with what it returned, or as failed when it raised OutcomeUnknownError
-    (it may have taken effect)."""
+    """An incr through ``cache``'s tier that memcached counts and that times out (or fails
+    with ``error``): logged as acknowledged with what it returned, or as failed when it
+    raised OutcomeUnknownError (it may have taken effect)."""
     store = tier(cache)
-    hung = _AppliedThenTimedOut(store.blocking, "meta_arithmetic", meanwhile)
+    hung = _AppliedThenTimedOut(store.blocking, "meta_arithmetic", meanwhile, error)
     start = time.monotonic_ns()
     try:
         value: int | None = run_blocking(store.incr(hung, cache.wire_key(key), 1))
@@ -1086,14 +1099,17 @@ def test_an_incr_answered_after_its_node_went_out_is_not_served_memcached_s_coun
     assert log.stale_reads() == []
 
 
+@pytest.mark.parametrize("failure", ["timeout", "tls"])
 def test_a_timed_out_incr_read_before_its_node_was_marked_out_is_not_counted_again(
-    server: MemcachedServer, directory: str
+    server: MemcachedServer, directory: str, failure: str
 ) -> None:
     # Found by the soak: an incr that memcached counted timed out (its process stalled),
     # another process counted on top of it in memcached before the node was marked out,
     # and the timed-out one was then counted again on the disk's value. It must refuse
     # (OutcomeUnknownError: it may have taken effect) rather than count differently from
-    # what memcached answered meanwhile.
+    # what memcached answered meanwhile. Likewise when its TLS session broke as the reply
+    # came (a TLSError, a ConnectFailedError, from a connection the request went out on).
+    error = TLSError("the TLS session broke: bad record mac") if failure == "tls" else None
     log = Log()
     cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
     log.set(cache, 0, "n", 5)
@@ -1103,7 +1119,7 @@ def test_a_timed_out_incr_read_before_its_node_was_marked_out_is_not_counted_aga
         assert log.incr(cache, 0, "n") == 7  # 5, +1 by process 1, +1 here
 
     with pytest.raises(OutcomeUnknownError):
-        _timed_out_incr(log, other, 1, "n", counted_on_top)
+        _timed_out_incr(log, other, 1, "n", counted_on_top, error)
     assert log.get(cache, 0, "n") in (7, None)  # the node is out: the disk, by its stamps
     assert log.stale_reads() == []
 
