@@ -32,6 +32,7 @@ from typing import Any, Final, cast
 from .._mypyc import i64, mypyc_attr
 from ..errors import (
     CommandError,
+    ConnectFailedError,
     ConnectionLostError,
     ConnectTimeoutError,
     FastCacheError,
@@ -564,7 +565,8 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
                     f"the TLS handshake with {address} took longer than {connect_timeout}s"
                 ) from None
             if isinstance(exc, OSError):
-                raise ConnectionLostError(f"TLS handshake with {address}: {exc}") from exc
+                # Still connecting: nothing of the caller's was sent.
+                raise ConnectFailedError(f"TLS handshake with {address}: {exc}") from exc
             raise
         connection = TLSConnection(address, tls, settings.timeout, settings.max_value_size)
     else:
@@ -589,6 +591,9 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
             raise ConnectTimeoutError(
                 f"authenticating with {address} took longer than {connect_timeout}s"
             ) from None
+        except ConnectionLostError as exc:
+            connection.close(abort=True)
+            raise ConnectFailedError(f"authenticating with {address}: {exc}") from exc
         except BaseException:
             connection.close(abort=True)
             raise

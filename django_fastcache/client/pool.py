@@ -18,7 +18,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ClientClosedError, ConnectTimeoutError, FastCacheError, NetworkError
+from ..errors import (
+    ClientClosedError,
+    ConnectFailedError,
+    ConnectionLostError,
+    ConnectTimeoutError,
+    FastCacheError,
+    NetworkError,
+)
 from .address import Address
 from .connect import open_connection
 from .connection import Connection
@@ -193,6 +200,11 @@ class Pool:
         exc = task.exception()
         if exc is not None:
             self._slot_freed()
+            if isinstance(exc, ConnectionLostError):
+                # Lost while authenticating: nothing of the caller's was sent.
+                raise self._connect_failed(
+                    ConnectFailedError(f"connecting to {address}: {exc}")
+                ) from exc
             if isinstance(exc, NetworkError):  # a refused TLS handshake or credentials
                 raise self._connect_failed(exc) from None
             if isinstance(exc, OSError):

@@ -41,6 +41,7 @@ from django_fastcache.testing.certificates import (
     make_certificates,
     openssl_available,
 )
+from django_fastcache.testing.fake_server import Action, FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer, ServerTLS
 
 pytestmark = pytest.mark.skipif(
@@ -571,6 +572,21 @@ def test_a_handshake_nobody_answers_is_bounded_by_connect_timeout(
     finally:
         server.resume()
     assert took < 4.0
+
+
+def test_a_connection_closed_during_authentication_is_a_connect_failure(
+    run_async: Callable[[Coroutine[Any, Any, Any]], Any],
+) -> None:
+    # The server closes the connection when the credentials arrive: nothing of the caller's
+    # was sent, so a ConnectFailedError (with the disk tier, such a call is made on disk),
+    # not a ConnectionLostError (which says a request may have run).
+    credentials = {"username": USER, "password": PASSWORD}
+    with FakeMemcached(default=Action.CLOSE) as closing:
+        with pytest.raises(ConnectFailedError):
+            blocking_round_trip(blocking([closing.location], **credentials))
+        with pytest.raises(ConnectFailedError):
+            run_async(round_trip(Client([closing.location], **PATIENT, **credentials)))
+        assert closing.requests  # the credentials did reach it
 
 
 def test_a_forked_child_leaves_the_parents_tls_session_alone(
