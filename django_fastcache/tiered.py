@@ -550,7 +550,7 @@ class TieredStore:
         earlier one stamped ``bumped`` = [before, after] is about to stamp it again: the
         stamp before the earlier attempt's, unless another write stamped the slot since.
         (Nothing lies under an attempt's own stamp: its disk copy is queued only once it
-        succeeded, and then the call returns.)"""
+        succeeded, and then the call returns.) With nothing stamped yet, the current one."""
         base = self._base(key, bumped)
         return self.stamps.current(key) if base is None else base
 
@@ -852,7 +852,7 @@ class TieredStore:
     async def _touch_up(
         self, client: CommandSet, key: bytes, ttl: float | None, bumped: list[int]
     ) -> bool:
-        prev = self._before(key, bumped) if bumped else self.stamps.current(key)
+        prev = self._before(key, bumped)
         stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
         bumped[:] = [prev, stamp]
         now = time.time()
@@ -908,6 +908,7 @@ class TieredStore:
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
+                # (The flat path: no call for a first attempt.)
                 prev = self._before(key, bumped) if bumped else self.stamps.current(key)
                 stamp = self.stamps.bump(key, gone=True)
                 bumped[:] = [prev, stamp]
@@ -929,7 +930,7 @@ class TieredStore:
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
-                prev = self._before(key, bumped) if bumped else self.stamps.current(key)
+                prev = self._before(key, bumped)
                 stamp = self.stamps.bump(key, gone=True)
                 bumped[:] = [prev, stamp]
                 try:
@@ -954,7 +955,7 @@ class TieredStore:
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
-                prev = self._before(key, bumped) if bumped else self.stamps.current(key)
+                prev = self._before(key, bumped)
                 stamp = self.stamps.bump(key, gone=True)
                 bumped[:] = [prev, stamp]
                 try:
@@ -1060,7 +1061,7 @@ class TieredStore:
         the key was stamped: a write made on disk in the outage may be stamped before this
         increment's, where the check after the reply (:meth:`_slot_still`) cannot see it,
         and memcached would count on a value older than it."""
-        prev = self._before(key, bumped) if bumped else self.stamps.current(key)
+        prev = self._before(key, bumped)
         stamp = self.stamps.bump(key)
         bumped[:] = [prev, stamp]
         if self.states.epoch(node) != epoch:
