@@ -19,9 +19,10 @@ The rules, which ``docs/disk-tier.md`` explains for users:
   would answer from disk counts (add refuses, touch and delete find it, incr counts on it).
 * **A node that fails is marked out for the whole host** (:class:`~.disk.NodeStates`). Its
   keys go straight to the disk tier, with no network wait; writes and deletes made then are
-  written to disk at once (stamped too) and journaled (:class:`~.disk.Journal`), under the
-  journal's lock. A background probe (:mod:`.maintenance`) replays the journal as deletes
-  on the node before marking it up again, so no process reads a pre-outage value from it.
+  journaled (:class:`~.disk.Journal`) and stamped under the journal's lock, and written to
+  disk at once after it (add, incr and touch, which read the entry they replace, under
+  it). A background probe (:mod:`.maintenance`) replays the journal as deletes on the node
+  before marking it up again, so no process reads a pre-outage value from it.
   Writes still queued behind when a node goes out are stamped already: their keys miss
   until they land, and a journaled write overtakes them.
 * **memcached's answer to a request is not served when the node went out while it ran**
@@ -321,15 +322,33 @@ class TieredStore:
         """Write ``key``'s disk entry at once (a node is out): stamped first, so that the
         entry it replaces stops answering even if the write fails, and landed only while
         that stamp is current (a newer write of the slot wins)."""
+        table = self.stamps.table()
         stamp = self.stamps.bump(key, gone=data is None)
+        self._land_now(key, stamp, table, data, flags, expire_at, written_at)
+
+    def _land_now(
+        self,
+        key: bytes,
+        stamp: int,
+        table: int,
+        data: bytes | None,
+        flags: int,
+        expire_at: float | None,
+        written_at: float | None = None,
+    ) -> None:
+        """Land the disk entry of a write made at once, stamped ``stamp`` in the table
+        ``table`` (:meth:`WriteStamps.table`, read before the stamp), while that stamp is
+        current."""
         now = time.time()
         self.disk.land(
             [(key, stamp, data, flags, expire_at, now if written_at is None else written_at)],
             self.stamps.current,
         )
-        if self.stamps.current(key) != stamp:
-            # Overtaken, or stamped in a table the process has since left (it moved to a
-            # directory made again): the slot is stamped gone where it is read now.
+        if self.stamps.current(key) != stamp and (not table or self.stamps.table() != table):
+            # Stamped in a table the process has since left (it moved to a directory made
+            # again): the slot is stamped gone where it is read now. (Overtaken within
+            # the table, the newer stamp hides this entry already, and the newer write's
+            # own stays.)
             self.stamps.bump(key, gone=True)
 
     def _journaled(
@@ -526,7 +545,7 @@ class TieredStore:
 
     # -- writes --------------------------------------------------------------------------
     # Each write stamps its key, then goes to memcached, then queues its disk copy. While
-    # the node is out, the disk is written at once (stamped) and the key journaled.
+    # the node is out, the key is journaled and stamped, and its disk entry written at once.
     def _out(self, node: int, key: bytes, disk_write: Callable[[], R], failed: R) -> tuple[bool, R]:
         """``disk_write()``, journaled, while ``node`` is out: ``(True, result)``;
         ``(False, failed)`` when the node came back meanwhile (go to memcached again);
@@ -536,6 +555,55 @@ class TieredStore:
         except DiskError:
             return True, failed
         return (True, cast(R, result)) if done else (False, failed)
+
+    def _out_write(
+        self,
+        node: int,
+        key: bytes,
+        data: bytes | None,
+        flags: int,
+        ttl: float | None,
+        bumped: list[int] | None = None,
+    ) -> tuple[bool, bool]:
+        """A set of ``data`` (None: a delete) of ``key`` while ``node`` is out, as
+        :meth:`_out` runs a write, but with the journal's lock held only to journal the key
+        and stamp it: the disk write lands after the lock is let go. (The lock is the
+        host's; held across the disk write, it queued every write of an outage on the host
+        behind one another.) The stamp, taken before the node can be brought back, hides
+        the entry the write replaces at once, so a read before the landing misses, as one
+        of a write behind does; the landing is made only while the stamp is current, so a
+        newer write of the slot wins.
+
+        Returns ``(True, result)``, the result being a set's "stored" or a delete's "found"
+        (whether get would have answered the key, read before the stamp moved);
+        ``(False, False)`` when the node came back meanwhile (go to memcached again);
+        ``(True, False)`` when the disk failed (the key's entries no longer answer)."""
+        deleting = data is None or (ttl is not None and ttl <= 0)
+
+        def journal_and_stamp() -> tuple[int, int, bool]:
+            found = (
+                data is not None or self._on_disk(key, self._base(key, bumped or [])) is not None
+            )
+            table = self.stamps.table()
+            return self.stamps.bump(key, gone=deleting), table, found
+
+        try:
+            done, stamped = self._journaled(node, [key], journal_and_stamp)
+        except DiskError:
+            return True, False
+        if not done or stamped is None:
+            return False, False
+        stamp, table, result = stamped
+        expire_at = None if deleting or ttl is None else time.time() + ttl
+        try:
+            self._land_now(key, stamp, table, None if deleting else data, flags, expire_at)
+        except DiskError as exc:
+            # (StampsUnavailable too: this process cannot stamp the slot gone where the
+            # others read it now, and reads nothing from disk until it can.)
+            with contextlib.suppress(DiskError):
+                self._distrust([key], exc)
+            return True, False
+        return True, result
 
     def _base(self, key: bytes, bumped: list[int]) -> int | None:
         """The stamp under which ``key``'s disk entry holds its latest acknowledged value,
@@ -572,9 +640,7 @@ class TieredStore:
                     if stored:
                         self._queue(key, stamp, data, flags, ttl, now)
                     return stored
-            done, result = self._out(
-                node, key, lambda: self._set_on_disk(key, data, flags, ttl), False
-            )
+            done, result = self._out_write(node, key, data, flags, ttl)
             if done:
                 return result
         return False
@@ -597,9 +663,7 @@ class TieredStore:
                     if stored:
                         self._queue(key, stamp, data, flags, ttl, now)
                     return stored
-            done, result = self._out(
-                node, key, lambda: self._set_on_disk(key, data, flags, ttl), False
-            )
+            done, result = self._out_write(node, key, data, flags, ttl)
             if done:
                 return result
         return False
@@ -920,7 +984,7 @@ class TieredStore:
                     self._behind(key, stamp, None, 0, None, time.time())
                     # Not in memcached: it existed if get would have found it on disk.
                     return deleted or self._on_disk(key, prev) is not None
-            done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
+            done, result = self._out_write(node, key, None, 0, None, bumped)
             if done:
                 return result
         return False
@@ -940,7 +1004,7 @@ class TieredStore:
                 else:
                     self._behind(key, stamp, None, 0, None, time.time())
                     return deleted or self._on_disk(key, prev) is not None
-            done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
+            done, result = self._out_write(node, key, None, 0, None, bumped)
             if done:
                 return result
         return False
@@ -968,15 +1032,10 @@ class TieredStore:
                 else:
                     self._behind(key, stamp, None, 0, None, time.time())
                     return reply.status is MetaStatus.HD or self._on_disk(key, prev) is not None
-            done, result = self._out(node, key, lambda: self._delete_on_disk(key, bumped), False)
+            done, result = self._out_write(node, key, None, 0, None, bumped)
             if done:
                 return result
         return False
-
-    def _delete_on_disk(self, key: bytes, bumped: list[int] | None = None) -> bool:
-        existed = self._on_disk(key, self._base(key, bumped or [])) is not None
-        self._write_now(key, None, 0, None)
-        return existed
 
     async def delete_many(self, client: CommandSet, keys: Iterable[bytes]) -> None:
         unique = list(dict.fromkeys(keys))

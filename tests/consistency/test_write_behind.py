@@ -32,6 +32,8 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
+from django_fastcache.disk import DiskError
+from django_fastcache.disk.stamps import StampsUnavailable
 from django_fastcache.errors import OperationTimeoutError, OutcomeUnknownError, TLSError
 from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.stampede import blocking_pause
@@ -1271,11 +1273,9 @@ def test_an_incr_that_could_not_connect_is_counted_on_disk_like_any_write_of_an_
     # stamped meanwhile (which, had the increment been sent, would leave its outcome
     # unknown).
     log = Log()
-    # (Timeouts no load can reach: only the connect below may fail. Nothing is left in
-    # flight for the replay to wait out.)
+    # (Timeouts no load can reach: only the connect below may fail.)
     cache = make(server.location, directory, 0, operation_timeout=30.0)
     other = make(server.location, directory, 1, operation_timeout=30.0)
-    tier(cache).replay_settle = tier(other).replay_settle = 0.0
     log.set(cache, 0, "n", 5)
     connect = socket.socket.connect
     connects: list[Any] = []
@@ -1288,11 +1288,14 @@ def test_an_incr_that_could_not_connect_is_counted_on_disk_like_any_write_of_an_
         raise TimeoutError("timed out")  # what the kernel's connect timeout raises
 
     monkeypatch.setattr(socket.socket, "connect", written_meanwhile_then_timed_out)
-    assert log.incr(other, 1, "n") == 10
-    assert len(connects) == 1  # the increment's own connect, which timed out
-    assert tier(other).metrics.nodes_marked_out == 1
-    assert tier(other).metrics.journaled == 1
-    assert log.get(other, 1, "n") == 10
+    # No probe brings the node back before the increment is journaled (it would be
+    # counted in memcached instead: the same count, but not the path under test).
+    with _still(tier(cache)), _still(tier(other)):
+        assert log.incr(other, 1, "n") == 10
+        assert len(connects) == 1  # the increment's own connect, which timed out
+        assert tier(other).metrics.nodes_marked_out == 1
+        assert tier(other).metrics.journaled == 1
+        assert log.get(other, 1, "n") == 10
     assert log.stale_reads() == []
 
 
@@ -1338,3 +1341,226 @@ def test_a_call_tried_again_after_its_node_flapped_finds_the_disk_s_value(
     monkeypatch.undo()
     assert log.get(cache, 0, "n") == {"incr": 6, "touch": 5, "delete": None}[call]
     assert log.stale_reads() == []
+
+
+# -- a write of an outage between its journal and its landing --------------------------------
+
+
+class _AfterJournal:
+    """Stands in for a tier's journal: runs ``hook`` once, right after the first
+    transaction that journals a key has committed and let the host-wide lock go (a write
+    of an outage is then journaled and stamped, its disk entry not yet landed)."""
+
+    def __init__(self, inner: Any, hook: Callable[[], None]) -> None:
+        self._inner = inner
+        self._hook: Callable[[], None] | None = hook
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self._inner.transaction() as connection:
+            yield connection
+        if self._hook is not None:
+            hook, self._hook = self._hook, None
+            hook()
+
+
+@contextlib.contextmanager
+def _outage_write_held(store: TieredStore, hook: Callable[[], None]) -> Iterator[None]:
+    """The block's first write of an outage through ``store`` runs ``hook`` between its
+    journal and its landing."""
+    journal = store.journal
+    store.journal = _AfterJournal(journal, hook)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        store.journal = journal
+
+
+@pytest.mark.parametrize("write", ["set", "delete"])
+def test_an_outage_write_not_yet_landed_when_its_node_comes_back_misses_until_it_lands(
+    server: MemcachedServer, directory: str, write: str
+) -> None:
+    # The node is brought back (its journal replayed: the key deleted from memcached)
+    # between the write's journal and its landing: a read then finds neither memcached's
+    # value nor the disk's old one, and once the write landed it answers.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "k", 1)
+    assert tier(cache).flush(LANDING_WAIT)
+    during: list[Any] = []
+
+    def node_back_and_read() -> None:
+        assert tier(other).bring_back(0) == 1  # "k" replayed
+        during.append(log.get(other, 1, "k"))
+        during.append(log.get(cache, 0, "k"))
+
+    with _still(tier(cache)), _still(tier(other)):  # no probe but the test's
+        tier(cache).node_failed(0)  # (memcached runs: a partition, as seen from here)
+        with _outage_write_held(tier(cache), node_back_and_read):
+            if write == "set":
+                log.set(cache, 0, "k", 2)
+            else:
+                log.delete(cache, 0, "k")
+    assert during == [None, None]  # never 1
+    assert not tier(other).states.is_out(0)
+    expected = 2 if write == "set" else None
+    assert log.get(other, 1, "k") == expected
+    assert log.get(cache, 0, "k") == expected
+    server.flush()  # memcached loses the refill: the disk still answers the same
+    assert log.get(other, 1, "k") == expected
+    assert log.stale_reads() == []
+
+
+def test_an_outage_write_landing_after_a_newer_write_once_its_node_is_back_loses_to_it(
+    server: MemcachedServer, directory: str
+) -> None:
+    # The node is back and another process writes the key in memcached before the outage
+    # write lands: the landing, made only under a current stamp, is skipped.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "k", 1)
+    assert tier(cache).flush(LANDING_WAIT)
+
+    def node_back_and_write() -> None:
+        assert tier(other).bring_back(0) == 1
+        log.set(other, 1, "k", 3)
+
+    with _still(tier(cache)), _still(tier(other)):
+        tier(cache).node_failed(0)
+        with _outage_write_held(tier(cache), node_back_and_write):
+            log.set(cache, 0, "k", 2)
+    assert log.get(cache, 0, "k") == 3
+    assert tier(other).flush(LANDING_WAIT)
+    server.flush()
+    # memcached took 3 and lost it: the disk answers 3 (2's landing was skipped, and
+    # left the newer write's copy alone).
+    assert log.get(cache, 0, "k") == 3
+    assert log.get(other, 1, "k") == 3
+    assert log.stale_reads() == []
+
+
+@pytest.mark.parametrize("call", ["incr", "add"])
+def test_a_counter_call_between_an_outage_write_s_journal_and_its_landing_misses(
+    server: MemcachedServer, directory: str, call: str
+) -> None:
+    # Another process's incr or add of the key, journaled under the lock the write has
+    # let go, finds the write's stamp with nothing under it: the key reads as missing
+    # (never the value before the write): the incr finds nothing to count, the add takes,
+    # and the write's landing loses to it.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "n", 5)
+    assert tier(cache).flush(LANDING_WAIT)
+    during: list[Any] = []
+
+    def racer() -> None:
+        if call == "incr":
+            during.append(log.incr(other, 1, "n"))
+        else:
+            start = time.monotonic_ns()
+            added = other.add("n", 9, timeout=None)
+            if added:
+                log.record(Op(1, ADD, "n", 9, start, time.monotonic_ns(), True))
+            during.append(added)
+
+    with _still(tier(cache)), _still(tier(other)):
+        tier(cache).node_failed(0)
+        with _outage_write_held(tier(cache), racer):
+            log.set(cache, 0, "n", 7)
+        if call == "incr":
+            assert during == [None]  # not 6: the key misses while the write lands
+            assert log.get(other, 1, "n") == 7
+        else:
+            assert during == [True]  # nothing answered: the add took
+            assert log.get(other, 1, "n") == 9  # the set's landing lost to it
+        assert log.get(cache, 0, "n") == log.get(other, 1, "n")
+    assert log.stale_reads() == []
+
+
+def test_an_outage_set_with_a_timeout_of_zero_is_stored_as_a_delete(
+    server: MemcachedServer, directory: str
+) -> None:
+    log = Log()
+    cache = make(server.location, directory, 0)
+    log.set(cache, 0, "a", 1)
+    assert tier(cache).flush(LANDING_WAIT)
+    with _still(tier(cache)):
+        tier(cache).node_failed(0)
+        # Stored (and so gone at once): no key reported failed, whether it existed or not.
+        assert cache.set_many({"a": 2, "b": 2}, timeout=0) == []
+        assert log.get(cache, 0, "a") is None
+        assert tier(cache).journal.length() == 2
+    assert log.stale_reads() == []
+
+
+class _Failing:
+    """Stands in for a part of a tier whose ``method`` calls ``failure`` instead."""
+
+    def __init__(self, inner: Any, method: str, failure: Callable[..., Any]) -> None:
+        self._inner = inner
+        self._method = method
+        self._failure = failure
+
+    def __getattr__(self, name: str) -> Any:
+        return self._failure if name == self._method else getattr(self._inner, name)
+
+
+def _disk_failed(*args: Any, **kwargs: Any) -> Any:
+    raise DiskError("disk tier write failed: OperationalError: disk I/O error")
+
+
+class _LeavesAfterStamping:
+    """Stands in for a tier's stamps: once a write has stamped, the process has left the
+    table (its directory made again) and cannot follow the new one: ``current`` and
+    ``table`` say 0, ``bump`` raises StampsUnavailable."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._left = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def bump(self, key: bytes, gone: bool = False) -> int:
+        if self._left:
+            raise StampsUnavailable("the table cannot be followed")
+        stamp: int = self._inner.bump(key, gone)
+        self._left = True
+        return stamp
+
+    def current(self, key: bytes) -> int:
+        return 0 if self._left else int(self._inner.current(key))
+
+    def table(self) -> int:
+        return 0 if self._left else int(self._inner.table())
+
+
+@pytest.mark.parametrize("failure", ["landing", "stamps"])
+def test_an_outage_write_whose_landing_fails_is_refused_and_hides_the_old_value(
+    server: MemcachedServer, directory: str, failure: str
+) -> None:
+    # The write is journaled and stamped; its disk write then fails (or the process can
+    # no longer stamp the table the others read): it is refused, no exception reaches
+    # the caller, and the value it was to replace no longer answers.
+    cache = make(server.location, directory, 0)
+    store = tier(cache)
+    cache.set("k", 1, timeout=None)
+    assert store.flush(LANDING_WAIT)
+    wire = cache.wire_key("k")
+    data, flags = cache._serializer.dumps(2)
+    with _still(store):
+        store.node_failed(0)
+        disk, stamps = store.disk, store.stamps
+        if failure == "landing":
+            store.disk = _Failing(disk, "land", _disk_failed)  # type: ignore[assignment]
+        else:
+            store.stamps = _LeavesAfterStamping(stamps)  # type: ignore[assignment]
+        try:
+            assert store.set_now(wire, data, flags, None) is False
+        finally:
+            store.disk, store.stamps = disk, stamps
+        assert store.journal.length() == 1
+        assert cache.get("k") is None  # never 1
