@@ -637,9 +637,19 @@ class TieredStore:
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 else:
-                    if stored:
+                    if not stored:
+                        return False
+                    # The disk copy, for the writer behind (_queue and _behind, inline: the
+                    # flat path).
+                    stamps = self.stamps
+                    if ttl is not None and ttl <= 0:
                         self._queue(key, stamp, data, flags, ttl, now)
-                    return stored
+                    elif stamps.current(key) == stamp:
+                        expire_at = None if ttl is None else now + ttl
+                        self.behind.put(key, stamp, data, flags, expire_at, now)
+                    else:
+                        stamps.bump(key, gone=True)
+                    return True
             done, result = self._out_write(node, key, data, flags, ttl)
             if done:
                 return result
@@ -981,7 +991,11 @@ class TieredStore:
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 else:
-                    self._behind(key, stamp, None, 0, None, time.time())
+                    # The disk copy, for the writer behind (_behind, inline: the flat path).
+                    if self.stamps.current(key) == stamp:
+                        self.behind.put(key, stamp, None, 0, None, time.time())
+                    else:
+                        self.stamps.bump(key, gone=True)
                     # Not in memcached: it existed if get would have found it on disk.
                     return deleted or self._on_disk(key, prev) is not None
             done, result = self._out_write(node, key, None, 0, None, bumped)
