@@ -617,8 +617,8 @@ class BlockingClient(CommandSet):
         self._local = ThreadConnections()
         # Its threading.local, read on every request (see ThreadConnections).
         self._tls = self._local.tls
-        # The connections, not the client, are what a forked child must drop (and a
-        # compiled client cannot be weakly referenced).
+        # The connections, not the client, are what a forked child must drop (and the
+        # compiled client cannot be weakly referenced on Python 3.12 and later).
         forksafe.register(self._local)
         if cluster.dynamic:  # autodiscovery: close connections to nodes that leave
             cluster.add_listener(None, self._local.drop_nodes)
