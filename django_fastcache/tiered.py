@@ -322,33 +322,32 @@ class TieredStore:
         """Write ``key``'s disk entry at once (a node is out): stamped first, so that the
         entry it replaces stops answering even if the write fails, and landed only while
         that stamp is current (a newer write of the slot wins)."""
-        table = self.stamps.table()
         stamp = self.stamps.bump(key, gone=data is None)
-        self._land_now(key, stamp, table, data, flags, expire_at, written_at)
+        self._land_now(key, stamp, data, flags, expire_at, written_at)
 
     def _land_now(
         self,
         key: bytes,
         stamp: int,
-        table: int,
         data: bytes | None,
         flags: int,
         expire_at: float | None,
         written_at: float | None = None,
     ) -> None:
-        """Land the disk entry of a write made at once, stamped ``stamp`` in the table
-        ``table`` (:meth:`WriteStamps.table`, read before the stamp), while that stamp is
-        current."""
+        """Land the disk entry of a write made at once, stamped ``stamp`` already, while
+        that stamp is current."""
         now = time.time()
         self.disk.land(
             [(key, stamp, data, flags, expire_at, now if written_at is None else written_at)],
             self.stamps.current,
         )
-        if self.stamps.current(key) != stamp and (not table or self.stamps.table() != table):
-            # Stamped in a table the process has since left (it moved to a directory made
-            # again): the slot is stamped gone where it is read now. (Overtaken within
-            # the table, the newer stamp hides this entry already, and the newer write's
-            # own stays.)
+        if self.stamps.current(key) != stamp:
+            # Overtaken, or stamped in a table the process has since left (it moved to a
+            # directory made again): the slot is stamped gone where it is read now. Even
+            # when overtaken within one table: the newer stamp may be that of a call that
+            # answers from the entry before this write (touch, incr: see _base), which
+            # this write's landing, had it been made, would have replaced. The newer
+            # write's own copy is hidden with it: a miss.
             self.stamps.bump(key, gone=True)
 
     def _journaled(
@@ -571,8 +570,8 @@ class TieredStore:
         host's; held across the disk write, it queued every write of an outage on the host
         behind one another.) The stamp, taken before the node can be brought back, hides
         the entry the write replaces at once, so a read before the landing misses, as one
-        of a write behind does; the landing is made only while the stamp is current, so a
-        newer write of the slot wins.
+        of a write behind does; the landing is made only while the stamp is current, and
+        one overtaken stamps the slot gone (see :meth:`_land_now`): a miss.
 
         Returns ``(True, result)``, the result being a set's "stored" or a delete's "found"
         (whether get would have answered the key, read before the stamp moved);
@@ -580,12 +579,11 @@ class TieredStore:
         ``(True, False)`` when the disk failed (the key's entries no longer answer)."""
         deleting = data is None or (ttl is not None and ttl <= 0)
 
-        def journal_and_stamp() -> tuple[int, int, bool]:
+        def journal_and_stamp() -> tuple[int, bool]:
             found = (
                 data is not None or self._on_disk(key, self._base(key, bumped or [])) is not None
             )
-            table = self.stamps.table()
-            return self.stamps.bump(key, gone=deleting), table, found
+            return self.stamps.bump(key, gone=deleting), found
 
         try:
             done, stamped = self._journaled(node, [key], journal_and_stamp)
@@ -593,10 +591,10 @@ class TieredStore:
             return True, False
         if not done or stamped is None:
             return False, False
-        stamp, table, result = stamped
+        stamp, result = stamped
         expire_at = None if deleting or ttl is None else time.time() + ttl
         try:
-            self._land_now(key, stamp, table, None if deleting else data, flags, expire_at)
+            self._land_now(key, stamp, None if deleting else data, flags, expire_at)
         except DiskError as exc:
             # (StampsUnavailable too: this process cannot stamp the slot gone where the
             # others read it now, and reads nothing from disk until it can.)

@@ -370,15 +370,6 @@ class WriteStamps:
         stamp: int = self._words[_HEADER_WORDS + (zlib.crc32(key) & _SLOT_MASK)]
         return stamp
 
-    def table(self) -> int:
-        """The id of the table this process stamps, while the directory's anchor still
-        names it; 0 when it does not (a call follows the new one first). A write made at
-        once on disk reads it before its stamp and again after its landing: a landing
-        overtaken within one table needs nothing more (the newer stamp hides it), one whose
-        process moved to another table meanwhile stamps the slot gone there."""
-        ident = self._id
-        return ident if self._anchor[_A_ID] == ident else 0
-
     def reset(self) -> None:
         """Hide every disk entry (a whole-tier failure: nothing on disk may answer)."""
         if self._anchor[_A_ID] != self._id and not self._follow():

@@ -1414,11 +1414,13 @@ def test_an_outage_write_not_yet_landed_when_its_node_comes_back_misses_until_it
     assert log.stale_reads() == []
 
 
-def test_an_outage_write_landing_after_a_newer_write_once_its_node_is_back_loses_to_it(
+def test_an_outage_write_landing_after_a_newer_write_once_its_node_is_back_never_answers(
     server: MemcachedServer, directory: str
 ) -> None:
     # The node is back and another process writes the key in memcached before the outage
-    # write lands: the landing, made only under a current stamp, is skipped.
+    # write lands: the landing, made only under a current stamp, is skipped, and the slot
+    # stamped gone (the newer stamp could be a touch's or an incr's that answers from the
+    # entry before the write): the newer write's disk copy is hidden with it.
     log = Log()
     cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
     log.set(cache, 0, "k", 1)
@@ -1435,10 +1437,10 @@ def test_an_outage_write_landing_after_a_newer_write_once_its_node_is_back_loses
     assert log.get(cache, 0, "k") == 3
     assert tier(other).flush(LANDING_WAIT)
     server.flush()
-    # memcached took 3 and lost it: the disk answers 3 (2's landing was skipped, and
-    # left the newer write's copy alone).
-    assert log.get(cache, 0, "k") == 3
-    assert log.get(other, 1, "k") == 3
+    # memcached took 3 and lost it: the disk answers neither 2 (its landing was skipped)
+    # nor 3 (hidden with it): a miss.
+    assert log.get(cache, 0, "k") is None
+    assert log.get(other, 1, "k") is None
     assert log.stale_reads() == []
 
 
@@ -1449,7 +1451,7 @@ def test_a_counter_call_between_an_outage_write_s_journal_and_its_landing_misses
     # Another process's incr or add of the key, journaled under the lock the write has
     # let go, finds the write's stamp with nothing under it: the key reads as missing
     # (never the value before the write): the incr finds nothing to count, the add takes,
-    # and the write's landing loses to it.
+    # and the write's overtaken landing then hides the add's value: a miss.
     log = Log()
     cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
     log.set(cache, 0, "n", 5)
@@ -1475,7 +1477,7 @@ def test_a_counter_call_between_an_outage_write_s_journal_and_its_landing_misses
             assert log.get(other, 1, "n") == 7
         else:
             assert during == [True]  # nothing answered: the add took
-            assert log.get(other, 1, "n") == 9  # the set's landing lost to it
+            assert log.get(other, 1, "n") is None  # never 5, and never 7 over 9
         assert log.get(cache, 0, "n") == log.get(other, 1, "n")
     assert log.stale_reads() == []
 
@@ -1514,8 +1516,8 @@ def _disk_failed(*args: Any, **kwargs: Any) -> Any:
 
 class _LeavesAfterStamping:
     """Stands in for a tier's stamps: once a write has stamped, the process has left the
-    table (its directory made again) and cannot follow the new one: ``current`` and
-    ``table`` say 0, ``bump`` raises StampsUnavailable."""
+    table (its directory made again) and cannot follow the new one: ``current`` says 0,
+    ``bump`` raises StampsUnavailable."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -1533,9 +1535,6 @@ class _LeavesAfterStamping:
 
     def current(self, key: bytes) -> int:
         return 0 if self._left else int(self._inner.current(key))
-
-    def table(self) -> int:
-        return 0 if self._left else int(self._inner.table())
 
 
 @pytest.mark.parametrize("failure", ["landing", "stamps"])
@@ -1564,3 +1563,69 @@ def test_an_outage_write_whose_landing_fails_is_refused_and_hides_the_old_value(
             store.disk, store.stamps = disk, stamps
         assert store.journal.length() == 1
         assert cache.get("k") is None  # never 1
+
+
+class _BumpsMeanwhile:
+    """Stands in for a tier's stamps: its first ``bump`` is made by ``meanwhile``, which
+    receives the call that makes it (the stamp then falls where ``meanwhile`` puts it)."""
+
+    def __init__(self, inner: Any, meanwhile: Callable[[Callable[[], None]], None]) -> None:
+        self._inner = inner
+        self._meanwhile: Callable[[Callable[[], None]], None] | None = meanwhile
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def bump(self, key: bytes, gone: bool = False) -> int:
+        if self._meanwhile is None:
+            return int(self._inner.bump(key, gone))
+        meanwhile, self._meanwhile = self._meanwhile, None
+        stamped: list[int] = []
+        meanwhile(lambda: stamped.append(self._inner.bump(key, gone)))
+        return stamped[0]
+
+
+def _timed_out(*args: Any, **kwargs: Any) -> Any:
+    raise OperationTimeoutError("timed out: the node hung")
+
+
+@pytest.mark.parametrize("call", ["touch", "incr"])
+def test_a_call_stamped_between_an_outage_write_s_stamp_and_its_landing_never_answers_older(
+    server: MemcachedServer, directory: str, call: str
+) -> None:
+    # A touch or incr reads the stamp its key's value lies under, then stamps; another
+    # process's outage set journals and stamps in between, and lands after the touch's
+    # or incr's stamp: its landing is skipped. The touch or incr, made on disk, must not
+    # then answer from the entry before the set (an acknowledged set would be undone).
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store = tier(cache)
+    log.set(cache, 0, "k", 5)
+    assert store.flush(LANDING_WAIT)
+    wire = cache.wire_key("k")
+
+    def outage_set_around(bump: Callable[[], None]) -> None:
+        tier(other).node_failed(0)
+        with _outage_write_held(tier(other), bump):  # its landing after this bump
+            log.set(other, 1, "k", 7)
+
+    stamps = store.stamps
+    store.stamps = _BumpsMeanwhile(stamps, outage_set_around)  # type: ignore[assignment]
+    with _still(store), _still(tier(other)):
+        start = time.monotonic_ns()
+        try:
+            if call == "touch":
+                hung = _Failing(store.blocking, "meta_get", _timed_out)
+                touched = run_blocking(store.touch(hung, wire, None))  # type: ignore[arg-type]
+            else:
+                value = run_blocking(store.incr(store.blocking, wire, 1))
+                log.record(Op(0, INCR, "k", value, start, time.monotonic_ns(), True))
+        finally:
+            store.stamps = stamps
+        if call == "touch":
+            assert touched is False  # the value before the set does not count
+        else:
+            assert value is None  # missing: neither 6 (counted on 5) nor 8
+        assert log.get(cache, 0, "k") is None  # never 5
+        assert log.get(other, 1, "k") is None
+    assert log.stale_reads() == []
