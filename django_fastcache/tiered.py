@@ -321,7 +321,7 @@ class TieredStore:
     ) -> None:
         """Write ``key``'s disk entry at once (a node is out): stamped first, so that the
         entry it replaces stops answering even if the write fails, and landed only while
-        that stamp is current (a newer write of the slot wins)."""
+        that stamp is current (overtaken, it never answers: see :meth:`_land_now`)."""
         stamp = self.stamps.bump(key, gone=data is None)
         self._land_now(key, stamp, data, flags, expire_at, written_at)
 
