@@ -100,7 +100,7 @@ def run_round(
         if interval is not None:
             writer.interval = interval
         writer.flush(5.0)
-    writer_thread = None if writer is None else writer._thread
+    writer_thread = None if writer is None else writer._writer_thread
     writer_before = _thread_cpu(writer_thread)
     process_before = time.process_time()
     ops = int(rate * seconds)
@@ -129,8 +129,8 @@ def run_round(
         cpu[action] += thread_time() - before
         count[action] += 1
     process = time.process_time() - process_before
-    if writer is not None and writer._thread is not writer_thread:  # started meanwhile
-        writer_thread, writer_before = writer._thread, 0.0
+    if writer is not None and writer._writer_thread is not writer_thread:  # started meanwhile
+        writer_thread, writer_before = writer._writer_thread, 0.0
     writes = count["set"] + count["delete"]
     result = {action: cpu[action] / max(1, count[action]) * 1e6 for action in cpu}
     result["writer/write"] = (_thread_cpu(writer_thread) - writer_before) / writes * 1e6

@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib
 
 #: The modules a build compiles: the reply parser, the blocking client, the backend's key
-#: and value handling. Left out on purpose: the request encoders, the key rules and the
-#: command set, whose public functions take any object and answer a wrong type with the
-#: project's own typed errors (a compiled function refuses it with a bare TypeError
-#: first); and rendezvous hashing, likewise.
+#: and value handling, and the disk tier's request path (the tiered store, its write
+#: stamps, node states and writer behind; the SQLite stores and the journal stay Python).
+#: Left out on purpose: the request encoders, the key rules and the command set, whose
+#: public functions take any object and answer a wrong type with the project's own typed
+#: errors (a compiled function refuses it with a bare TypeError first); and rendezvous
+#: hashing, likewise.
 HOT_MODULES = (
     "django_fastcache.protocol.parser",
     "django_fastcache.client.cluster",
@@ -22,6 +24,10 @@ HOT_MODULES = (
     "django_fastcache.serializers",
     "django_fastcache.sealing",
     "django_fastcache.backends.fastcache",
+    "django_fastcache.disk.nodestate",
+    "django_fastcache.disk.stamps",
+    "django_fastcache.disk.writebehind",
+    "django_fastcache.tiered",
 )
 
 

@@ -20,6 +20,7 @@ import weakref
 
 from . import logs
 from .disk import DiskError
+from .handles import Handle
 from .logs import logger
 from .signals import node_back
 from .tiered import TieredStore
@@ -34,7 +35,7 @@ IDLE_TICK = 0.1
 
 class Maintenance:
     def __init__(self) -> None:
-        self._stores: weakref.WeakSet[TieredStore] = weakref.WeakSet()
+        self._stores: weakref.WeakSet[Handle[TieredStore]] = weakref.WeakSet()
         self._lock = threading.Lock()
         # Held by the thread through each round over the stores, so that unregister()
         # returns only once the round in progress is done with the store.
@@ -48,6 +49,8 @@ class Maintenance:
         self._out_since: dict[tuple[int, int], tuple[float, float]] = {}
 
     def register(self, store: TieredStore) -> None:
+        """Probe and cull ``store`` from now on. (A store is registered with one thread:
+        the process's; it holds the handle of that registration only.)"""
         self._after_fork_check()
         # A journal file replaced under the process is carried over, and the nodes it
         # names marked out again, in the host-wide states.
@@ -57,8 +60,11 @@ class Maintenance:
         # removed under the process: a replay marking up a removed file, or a write
         # journaled by a process still reading one, would split the host in two.
         store.journal.on_transaction = lambda: follow_state_files(store)
+        # Weakly: through a handle the store holds (a compiled store has no weak reference).
+        handle = Handle(store)
+        store.maintained = handle
         with self._lock:
-            self._stores.add(store)
+            self._stores.add(handle)
         self.ensure_running()
 
     def unregister(self, store: TieredStore) -> None:
@@ -66,7 +72,9 @@ class Maintenance:
         thread does nothing more with it."""
         self._after_fork_check()  # a child's lock may have been taken mid-round by the parent
         with self._lock:
-            self._stores.discard(store)
+            handle, store.maintained = store.maintained, None
+            if handle is not None:
+                self._stores.discard(handle)
         if threading.current_thread() is not self._thread:
             with self._round:
                 pass  # the round in progress, which may hold the store, is over
@@ -110,7 +118,7 @@ class Maintenance:
         """One round: every store's files checked and nodes out probed, and the culls
         when due. Whether a node is out, and when the next cull is due."""
         with self._lock:
-            stores = list(self._stores)
+            stores = [handle.target for handle in list(self._stores)]
         anything_out = False
         for store in stores:
             try:

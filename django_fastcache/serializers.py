@@ -12,21 +12,21 @@ from __future__ import annotations
 import json
 import pickle
 import zlib
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from .errors import ValueRefusedError, ValueTooLargeError
 
-FLAG_BYTES = 0
-FLAG_PICKLE = 1
-FLAG_INTEGER = 2
+FLAG_BYTES: Final = 0
+FLAG_PICKLE: Final = 1
+FLAG_INTEGER: Final = 2
 #: pylibmc stores Python ints with this flag (pymemcache's "long"): read as an integer.
-FLAG_LONG = 4
-FLAG_ZLIB = 8
-FLAG_TEXT = 16
-FLAG_JSON = 32
+FLAG_LONG: Final = 4
+FLAG_ZLIB: Final = 8
+FLAG_TEXT: Final = 16
+FLAG_JSON: Final = 32
 
-_MAX_RAW_INTEGER = 2**64 - 1  # memcached's counters are unsigned 64-bit
-_EMPTY_COMPRESSED = zlib.compress(b"")
+_MAX_RAW_INTEGER: Final = 2**64 - 1  # memcached's counters are unsigned 64-bit
+_EMPTY_COMPRESSED: Final = zlib.compress(b"")
 
 
 class Serializer(Protocol):
@@ -36,7 +36,7 @@ class Serializer(Protocol):
 
 
 #: Bytes a value may take once decompressed, unless a serializer is told otherwise.
-DEFAULT_MAX_SIZE = 1024 * 1024
+DEFAULT_MAX_SIZE: Final = 1024 * 1024
 
 
 class _BaseSerializer:

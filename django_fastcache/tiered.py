@@ -43,7 +43,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 from .bridge import run_blocking
 from .client.blocking import BlockingClient
@@ -67,6 +67,7 @@ from .errors import (
     TLSError,
 )
 from .expiry import memcached_exptime
+from .handles import Handle
 from .logs import RateLimit, logger
 from .protocol import MetaReply, MetaStatus, MetaUnsupportedError
 from .serializers import FLAG_INTEGER
@@ -75,15 +76,15 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 #: Journaled in place of a key: "flush the whole node" (a clear() made while it was out).
-FLUSH_MARK = b""
-_MAX_RETRIES = 3
+FLUSH_MARK: Final = b""
+_MAX_RETRIES: Final = 3
 #: What marks a node out: it could not be reached, or it answered with bytes that do not
 #: parse (its connection is discarded; whether a write took effect is unknown either way).
 #: A LocalResourceError (this process out of descriptors) is not one: see _memcached_failed.
-NODE_FAILURES = (NetworkError, ProtocolError)
+NODE_FAILURES: Final = (NetworkError, ProtocolError)
 #: Tries of an incr that finds a refill's stub (the value is on its way back from disk).
-_STUB_TRIES = 20
-_STUB_PAUSE = 0.001
+_STUB_TRIES: Final = 20
+_STUB_PAUSE: Final = 0.001
 
 
 def _is_stub(data: bytes, flags: int) -> bool:
@@ -168,6 +169,8 @@ class TieredStore:
         #: Per node: why the latest probe failed (for the repeated "still out" warning).
         self.last_probe_error: dict[int, str] = {}
         self._warnings = RateLimit()
+        #: What the maintenance thread holds (weakly) of this store while registered.
+        self.maintained: Handle[TieredStore] | None = None
 
     # -- health --------------------------------------------------------------------------
     def node_failed(self, node: int, cause: BaseException | None = None) -> None:

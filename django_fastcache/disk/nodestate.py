@@ -31,23 +31,29 @@ import math
 import mmap
 import os
 import struct
+import sys
 import time
 import zlib
+from typing import Final
 
+from .._mypyc import mypyc_attr
 from .location import make_private
 
-_OUT = 1
-_UP = 0
+_OUT: Final = 1
+_UP: Final = 0
 # Native byte order: trusts() reads the page as a memoryview of float64s.
-_STAMP = struct.Struct("=d")
-#: In a node's page: byte 0 its state; at _OUTAGES, how many times it went out.
-_COUNT = struct.Struct("<Q")
-_OUTAGES = 8
-#: The state byte and the count in one read (see :meth:`NodeStates.epoch`).
-_EPOCH = struct.Struct("<B7xQ")
+_STAMP: Final = struct.Struct("=d")
+#: In a node's page: byte 0 its state; at _OUTAGES, how many times it went out (native
+#: byte order: epoch() reads the page as a memoryview of uint64s).
+_COUNT: Final = struct.Struct("=Q")
+_OUTAGES: Final = 8
+_COUNT_WORD: Final = _OUTAGES // 8
+#: Where the state byte lies in the page's first uint64, in the host's byte order.
+_STATE_SHIFT: Final = 0 if sys.byteorder == "little" else 56
+_crc32: Final = zlib.crc32
 #: Distrust slots: the page holds one float64 per slot, the last one for the whole tier.
-_SLOTS = mmap.PAGESIZE // _STAMP.size - 1
-_WHOLE_TIER = _SLOTS
+_SLOTS: Final = mmap.PAGESIZE // _STAMP.size - 1
+_WHOLE_TIER: Final = _SLOTS
 #: Seconds between two checks, by a read from disk, that the files are still the
 #: directory's: a ``stat`` per read cost about a sixth of a read during an outage.
 CHECK_INTERVAL = 0.005
@@ -81,6 +87,8 @@ def _identity(path: str) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
+# Tests twin it (tests/twins.py): a subclass of theirs replaces some methods.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class NodeStates:
     def __init__(self, directory: str, node_ids: tuple[str, ...]) -> None:
         """OSError when the directory's files cannot be mapped: states of this process's
@@ -101,6 +109,8 @@ class NodeStates:
         #: ``time.monotonic()`` from which :meth:`trusts` checks the files again.
         self._next_check = 0.0
         self._maps, self._stamps, self._identity = self._open_all()
+        #: Each node's page as uint64s: what :meth:`epoch` reads, twice per request.
+        self._words = [memoryview(page).cast("Q") for page in self._maps]
         #: The distrust page as float64s: what :meth:`trusts` reads, per read.
         self._times = memoryview(self._stamps).cast("d")
 
@@ -160,7 +170,8 @@ class NodeStates:
             if math.isfinite(known) and known > _STAMP.unpack_from(stamps, offset)[0]:
                 _STAMP.pack_into(stamps, offset, known)
         self._retired.extend([*old_maps, old_stamps])
-        self._maps, self._stamps, self._identity = maps, stamps, identity
+        words = [memoryview(page).cast("Q") for page in maps]
+        self._maps, self._words, self._stamps, self._identity = maps, words, stamps, identity
         self._times = memoryview(stamps).cast("d")
         self.distrust(None, now)
         if self._identity is not None and self._identity != old_identity:
@@ -201,9 +212,11 @@ class NodeStates:
         it is sent and again after its reply knows whether the node went out meanwhile.
         (Read halfway through :meth:`mark_out`, which sets the state before the count, it
         is odd: out, and unlike any epoch the node has before or after.)"""
-        state: int
-        outages: int
-        state, outages = _EPOCH.unpack_from(self._maps[node])
+        words = self._words[node]
+        # The count, then the state: the other order than mark_out's writes, so that a
+        # read across them never pairs the new count with the state from before.
+        outages: int = words[_COUNT_WORD]
+        state: int = words[0] >> _STATE_SHIFT & 0xFF
         return outages << 1 | state
 
     def mark_up(self, node: int) -> None:
@@ -216,7 +229,7 @@ class NodeStates:
     # -- disk entries ------------------------------------------------------------------------
     @staticmethod
     def _slot(key: bytes) -> int:
-        return zlib.crc32(key) % _SLOTS
+        return _crc32(key) % _SLOTS
 
     def distrust(self, key: bytes | None, now: float) -> None:
         """No entry of ``key`` (None: of any key) written at or before ``now`` may answer."""
@@ -237,4 +250,4 @@ class NodeStates:
                 return False
             self._next_check = time.monotonic() + CHECK_INTERVAL
         times = self._times  # (the slot as _slot says, inline: this runs per read)
-        return written_at > times[zlib.crc32(key) % _SLOTS] and written_at > times[_WHOLE_TIER]
+        return written_at > times[_crc32(key) % _SLOTS] and written_at > times[_WHOLE_TIER]

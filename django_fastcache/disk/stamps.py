@@ -83,7 +83,10 @@ import threading
 import time
 import weakref
 import zlib
+from typing import Final
 
+from .._mypyc import mypyc_attr
+from ..handles import Handle
 from ..logs import logger
 from .store import DiskError
 
@@ -97,31 +100,38 @@ SWEEP_AGE = 600.0
 #: Seconds between two tries to follow the anchor's table, while it cannot be opened.
 RETRY_INTERVAL = 0.05
 #: Slots of the table: 2**20 (8 MiB), few enough collisions for a million live keys.
-SLOT_BITS = 20
-_SLOT_MASK = (1 << SLOT_BITS) - 1
-_WORD = 8
-_PAGE = mmap.PAGESIZE
+SLOT_BITS: Final = 20
+_SLOT_MASK: Final = (1 << SLOT_BITS) - 1
+_WORD: Final = 8
+_PAGE: Final = mmap.PAGESIZE
 #: Words before the slots: the table's header page (magic, id, its anchor's path).
-_HEADER_WORDS = _PAGE // _WORD
-_SIZE = _PAGE + (1 << SLOT_BITS) * _WORD
-_TABLE_MAGIC = 0x32_70_6D_61_74_73_63_66  # "fcstamp2", little-endian
-_ANCHOR_MAGIC = 0x31_72_63_6E_61_73_63_66  # "fcsanch1", little-endian
-#: The anchor's words.
-_A_MAGIC, _A_BOOT, _A_ID, _A_MODE = 0, 1, 2, 3
+_HEADER_WORDS: Final = _PAGE // _WORD
+_SIZE: Final = _PAGE + (1 << SLOT_BITS) * _WORD
+_TABLE_MAGIC: Final = 0x32_70_6D_61_74_73_63_66  # "fcstamp2", little-endian
+_ANCHOR_MAGIC: Final = 0x31_72_63_6E_61_73_63_66  # "fcsanch1", little-endian
+#: The anchor's words. (``Final``, here and below: compiled, a constant is read where it
+#: is used, not looked up in the module's namespace.)
+_A_MAGIC: Final = 0
+_A_BOOT: Final = 1
+_A_ID: Final = 2
+_A_MODE: Final = 3
 #: Where the table lives: a file in SHM_ROOT, or a file in the tier's directory.
-SHM, FILE = 1, 2
+SHM: Final = 1
+FILE: Final = 2
 #: A table's header: magic, id, length of the anchor's path (its bytes follow).
-_HEADER = struct.Struct("=QQQ")
+_HEADER: Final = struct.Struct("=QQQ")
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 #: The previous format's table, in the directory itself.
 _OLD_TABLE = "stamps.state"
-_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+_MAP_FLAGS: Final = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 # One generator for the process, seeded from the OS and again in every forked child, so
 # that no two processes ever draw the same sequence (an application seeding ``random``
 # itself does not reach it).
-_random = random.Random()
+_random: Final = random.Random()
 os.register_at_fork(after_in_child=_random.seed)
+_random_bits: Final = _random.getrandbits
+_crc32: Final = zlib.crc32
 
 
 def holds_value(stamp: int) -> bool:
@@ -130,7 +140,7 @@ def holds_value(stamp: int) -> bool:
 
 
 def slot_of(key: bytes) -> int:
-    return _HEADER_WORDS + (zlib.crc32(key) & _SLOT_MASK)
+    return _HEADER_WORDS + (_crc32(key) & _SLOT_MASK)
 
 
 def _boot_id() -> int:
@@ -317,6 +327,8 @@ class _Opened:
         self.identity = identity
 
 
+# Tests twin it (tests/twins.py): a subclass of theirs replaces some methods.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class WriteStamps:
     """The host-wide table of write stamps named by the anchor at ``path`` (made when
     missing); a new table goes in ``shm_root`` when that is usable.
@@ -331,12 +343,13 @@ class WriteStamps:
         #: Tables (and anchors) replaced, kept mapped: another thread may be between
         #: reading ``_words`` and storing to it.
         self._retired: list[mmap.mmap] = []
-        self._lock = threading.Lock()
+        #: The lock of a move to another table, in a holder the fork hook reaches.
+        self._guard = Handle(threading.Lock())
+        _guards.add(self._guard)
         #: ``time.monotonic()`` of the latest warning that the anchor's table could not be
         #: followed, and from when to try again.
         self._warned = -math.inf
         self._retry_at = -math.inf
-        _instances.add(self)
         try:
             opened = self._open()
         except OSError as exc:
@@ -357,9 +370,9 @@ class WriteStamps:
         :class:`StampsUnavailable` when the anchor's table cannot be followed now."""
         if self._anchor[_A_ID] != self._id and not self._follow():
             raise self._unavailable()
-        stamp = _random.getrandbits(64)
+        stamp = _random_bits(64)
         stamp = (stamp & ~1) | 2 if gone else stamp | 1
-        self._words[_HEADER_WORDS + (zlib.crc32(key) & _SLOT_MASK)] = stamp
+        self._words[_HEADER_WORDS + (_crc32(key) & _SLOT_MASK)] = stamp
         return stamp
 
     def current(self, key: bytes) -> int:
@@ -367,7 +380,7 @@ class WriteStamps:
         be followed: nothing on disk answers then)."""
         if self._anchor[_A_ID] != self._id and not self._follow():
             return 0
-        stamp: int = self._words[_HEADER_WORDS + (zlib.crc32(key) & _SLOT_MASK)]
+        stamp: int = self._words[_HEADER_WORDS + (_crc32(key) & _SLOT_MASK)]
         return stamp
 
     def reset(self) -> None:
@@ -383,7 +396,7 @@ class WriteStamps:
         now: a call from RETRY_INTERVAL on tries again."""
         if time.monotonic() < self._retry_at:
             return False
-        with self._lock:
+        with self._guard.target:
             if self._anchor[_A_ID] == self._id:  # another thread moved first
                 return True
             return self._move()
@@ -401,7 +414,7 @@ class WriteStamps:
         would leave their older entries answering. False when they cannot be opened now:
         the anchor mapped is then marked as naming no table, so that until a later call
         follows, reads from disk miss and writes are refused."""
-        with self._lock:
+        with self._guard.target:
             if self._move():
                 return True
             self._anchor[_A_ID] = 0  # not the directory's any more: nothing follows it
@@ -577,14 +590,17 @@ class WriteStamps:
         return _Opened(anchor, table, ident, mode, path)
 
 
-_instances: weakref.WeakSet[WriteStamps] = weakref.WeakSet()
+#: Every instance's lock holder, held weakly (the holders, not the instances: a compiled
+#: instance cannot be referenced weakly).
+_guards: weakref.WeakSet[Handle[threading.Lock]] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     # Another thread of the parent may have held a lock at the fork: in the child nothing
-    # would ever release it, and the first follow would hang.
-    for stamps in list(_instances):
-        stamps._lock = threading.Lock()
+    # would ever release it, and the first follow would hang. A new lock, not the old one
+    # released: a thread of the child inside ``with`` releases the lock it took.
+    for guard in list(_guards):
+        guard.target = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -25,6 +25,7 @@ import time
 import weakref
 from collections.abc import Callable
 
+from ..handles import Handle
 from .stamps import WriteStamps
 from .store import DiskError, DiskStore, Landing
 
@@ -43,7 +44,9 @@ MAX_QUEUE = 100_000
 #: Seconds the process's exit waits for its queues to land.
 EXIT_WAIT = 2.0
 
-_queues: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
+#: The process's writers, for a forked child and the exit: weakly, through handles they hold
+#: (a compiled writer has no weak reference).
+_queues: weakref.WeakSet[Handle[WriteBehind]] = weakref.WeakSet()
 
 
 class WriteBehind:
@@ -70,7 +73,8 @@ class WriteBehind:
         #: While True the writer lands nothing (tests hold it to keep writes queued).
         self.paused = False
         self._fresh_state()
-        _queues.add(self)
+        self.handle = Handle(self)
+        _queues.add(self.handle)
 
     def _fresh_state(self) -> None:
         self._queue: collections.deque[Landing | threading.Event] = collections.deque()
@@ -79,7 +83,7 @@ class WriteBehind:
         self._start_lock = threading.Lock()
         # Held while a batch lands, so that pause() returns only between batches.
         self._batch_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._writer_thread: threading.Thread | None = None
 
     # -- the request path ----------------------------------------------------------------
     def put(
@@ -107,14 +111,14 @@ class WriteBehind:
 
     def _notify(self) -> None:
         self._idle = False
-        thread = self._thread
+        thread = self._writer_thread
         if thread is None or not thread.is_alive():
             with self._start_lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
+                if self._writer_thread is None or not self._writer_thread.is_alive():
+                    self._writer_thread = threading.Thread(
                         target=self._run, name="fastcache-write-behind", daemon=True
                     )
-                    self._thread.start()
+                    self._writer_thread.start()
         self._wake.set()
 
     # -- state ---------------------------------------------------------------------------
@@ -195,14 +199,16 @@ class WriteBehind:
 
 
 def _after_fork_in_child() -> None:
-    for writer in list(_queues):
+    for handle in list(_queues):
+        writer = handle.target
         writer.paused = False
         writer._fresh_state()
 
 
 def _land_at_exit() -> None:
     deadline = time.monotonic() + EXIT_WAIT
-    for writer in list(_queues):
+    for handle in list(_queues):
+        writer = handle.target
         # Not idle: a batch may be landing, taken off the queue already (the flush lands
         # behind it).
         if (writer._queue or not writer._idle) and not writer.paused:

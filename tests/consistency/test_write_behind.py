@@ -33,7 +33,7 @@ import pytest
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
 from django_fastcache.disk import DiskError
-from django_fastcache.disk.stamps import StampsUnavailable
+from django_fastcache.disk.stamps import StampsUnavailable, WriteStamps
 from django_fastcache.errors import OperationTimeoutError, OutcomeUnknownError, TLSError
 from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.stampede import blocking_pause
@@ -41,6 +41,7 @@ from django_fastcache.stampede import get_or_set as leased_get_or_set
 from django_fastcache.testing.servers import MemcachedServer
 from django_fastcache.tiered import TieredStore
 from tests.conftest import LANDING_WAIT, forget_stacks
+from tests.twins import calling_first, twin
 
 from .checker import ADD, DELETE, GET, INCR, INVALIDATE, SET, STALE_NOTHING, Op, check
 
@@ -178,28 +179,6 @@ def _still(store: TieredStore) -> Iterator[None]:
         maintenance.register(store)
 
 
-class _Between:
-    """Stands in for a tier's blocking client: runs ``hook`` once, just before the first
-    call of ``method`` (the refill's lease is then held, its store not yet sent)."""
-
-    def __init__(self, inner: Any, method: str, hook: Callable[[], None]) -> None:
-        self._inner = inner
-        self._method = method
-        self._hook: Callable[[], None] | None = hook
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._inner, name)
-        if name != self._method or self._hook is None:
-            return attribute
-        hook, self._hook = self._hook, None
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            hook()
-            return attribute(*args, **kwargs)
-
-        return call
-
-
 class _AppliedThenTimedOut:
     """Stands in for a tier's blocking client whose ``method`` reaches memcached and takes
     effect, and whose reply never comes back in time (the node hung right after, or this
@@ -276,7 +255,7 @@ def test_a_write_or_delete_racing_a_refill_wins(
 
     store = tier(reader)
     blocking = store.blocking
-    store.blocking = _Between(blocking, "meta_set", write_meanwhile)  # type: ignore[assignment]
+    store.blocking = calling_first(blocking, "meta_set", write_meanwhile)
     try:
         assert log.get(reader, 0, "k") == 1  # the disk's answer, concurrent with the write
     finally:
@@ -304,7 +283,7 @@ def test_a_write_landing_between_the_miss_and_the_lease_is_not_undone(
     def delete_meanwhile() -> None:
         log.delete(writer, 1, "k")
 
-    store.blocking = _Between(blocking, "meta_get", delete_meanwhile)  # type: ignore[assignment]
+    store.blocking = calling_first(blocking, "meta_get", delete_meanwhile)
     try:
         log.get(reader, 0, "k")  # 1 or nothing: it overlaps the delete
     finally:
@@ -396,7 +375,7 @@ def test_a_set_stamped_before_a_lease_store_but_landing_after_it_wins_on_disk_to
 
     store = tier(other)
     blocking = store.blocking
-    store.blocking = _Between(blocking, "store_now", get_or_set_meanwhile)  # type: ignore[assignment]
+    store.blocking = calling_first(blocking, "store_now", get_or_set_meanwhile)
     try:
         log.set(other, 1, "k", 2)  # stamped, then the get_or_set, then memcached
     finally:
@@ -444,7 +423,7 @@ def test_a_write_landing_after_one_stamped_later_leaves_the_key_missing_on_disk(
     store = tier(other)
     blocking = store.blocking
     method = "store_now" if outer == "set" else "delete_now"
-    store.blocking = _Between(blocking, method, inner_meanwhile)  # type: ignore[assignment]
+    store.blocking = calling_first(blocking, method, inner_meanwhile)
     try:
         if outer == "set":
             log.set(other, 1, "k", 2)
@@ -477,7 +456,7 @@ def test_an_async_write_landing_after_a_set_stamped_later_leaves_the_key_missing
     wire = cache.wire_key("k")
     data, flags = cache._serializer.dumps(2)
     method = {"incr": "meta_arithmetic"}.get(outer, outer)
-    client = _Between(store.blocking, method, lambda: log.set(other, 1, "k", 3))
+    client = calling_first(store.blocking, method, lambda: log.set(other, 1, "k", 3))
     start = time.monotonic_ns()
     last: int | None = None
     if outer == "set":
@@ -533,7 +512,7 @@ def test_an_add_racing_another_process_refill_is_refused(
 
     store = tier(reader)
     blocking = store.blocking
-    store.blocking = _Between(blocking, "meta_set", add_meanwhile)  # type: ignore[assignment]
+    store.blocking = calling_first(blocking, "meta_set", add_meanwhile)
     try:
         assert log.get(reader, 0, "k") == 1
     finally:
@@ -903,7 +882,7 @@ def test_an_add_over_a_value_only_the_disk_holds_never_shows_its_own(
     def read_meanwhile() -> None:
         seen.append(log.get(other, 1, "hits"))
 
-    client = _Between(tier(cache).blocking, "meta_set", read_meanwhile)
+    client = calling_first(tier(cache).blocking, "meta_set", read_meanwhile)
     assert log.add_through(cache, 0, "hits", 0, client) is False
     assert seen == [5]
     assert log.incr(other, 1, "hits") == 6
@@ -926,7 +905,7 @@ def test_a_write_or_delete_racing_an_adds_lease_wins(
 
     # The add's lease is taken, its store not yet sent, when the other process writes.
     added = log.add_through(
-        cache, 0, "k", 1, _Between(tier(cache).blocking, "meta_set", write_meanwhile)
+        cache, 0, "k", 1, calling_first(tier(cache).blocking, "meta_set", write_meanwhile)
     )
     # A set replaced the stub: the add is refused and the set stands. A delete removed
     # the stub: the add takes a new lease and stores (it comes after the delete).
@@ -1012,7 +991,7 @@ def test_an_incr_meeting_a_refills_stub_counts_once_the_value_is_back(
     def refill_lands() -> None:
         run_blocking(store.blocking.meta_set(wire, b"5", flags=FLAG_INTEGER, cas=lease.cas))
 
-    client = _Between(store.blocking, "get", refill_lands)
+    client = calling_first(store.blocking, "get", refill_lands)
     assert run_blocking(store.incr(client, wire, 1)) == 6  # type: ignore[arg-type]
     assert cache.get("n") == 6
 
@@ -1056,20 +1035,20 @@ def test_a_read_answered_after_its_node_went_out_is_not_served(
     start = time.monotonic_ns()
     if read == "get_now":  # the sync API's flat path, on the tier's own blocking client
         real = store.blocking
-        store.blocking = _Between(real, "value_now", incr_times_out)  # type: ignore[assignment]
+        store.blocking = calling_first(real, "value_now", incr_times_out)
         try:
             value = cache.get("n")
         finally:
             store.blocking = real
     elif read in ("get", "get_many"):
-        client = _Between(store.blocking, read, incr_times_out)
+        client = calling_first(store.blocking, read, incr_times_out)
         if read == "get":
             found = run_blocking(store.get(client, wire))  # type: ignore[arg-type]
         else:
             found = run_blocking(store.get_many(client, [wire])).get(wire)  # type: ignore[arg-type]
         value = None if found is None else cache._decode(wire, found[0], found[1])
     else:
-        client = _Between(store.blocking, "meta_get", incr_times_out)
+        client = calling_first(store.blocking, "meta_get", incr_times_out)
         value = run_blocking(
             leased_get_or_set(
                 cache, client, "n", 9, None, None,  # type: ignore[arg-type]
@@ -1091,7 +1070,7 @@ def test_an_incr_answered_after_its_node_went_out_is_not_served_memcached_s_coun
     # other process's increment, whose outcome that process could not know.
     log, cache, other = _disk_lagging(server, directory)
     store, wire = tier(cache), cache.wire_key("n")
-    client = _Between(store.blocking, "meta_arithmetic", _refused_timed_out_incr(log, other))
+    client = calling_first(store.blocking, "meta_arithmetic", _refused_timed_out_incr(log, other))
     start = time.monotonic_ns()
     with pytest.raises(OutcomeUnknownError):  # not memcached's 7: its count includes 1's
         run_blocking(store.incr(client, wire, 1))  # type: ignore[arg-type]
@@ -1153,7 +1132,7 @@ def test_a_read_answered_after_its_node_went_out_gets_the_disk_s_value(
     def incr_times_out() -> None:
         assert _timed_out_incr(log, other, 1, "n") == 6  # the disk counts as memcached did
 
-    store.blocking = _Between(real := store.blocking, "value_now", incr_times_out)  # type: ignore[assignment]
+    store.blocking = calling_first(real := store.blocking, "value_now", incr_times_out)
     try:
         assert log.get(cache, 0, "n") == 6  # the disk's count, made by the timed-out incr
     finally:
@@ -1174,7 +1153,7 @@ def test_get_or_set_s_lease_won_after_its_node_went_out_is_given_back(
     def node_goes_out() -> None:
         tier(other).node_failed(0)
 
-    client = _Between(store.blocking, "meta_get", node_goes_out)
+    client = calling_first(store.blocking, "meta_get", node_goes_out)
     value = run_blocking(
         leased_get_or_set(
             cache, client, "n", 9, None, None,  # type: ignore[arg-type]
@@ -1194,7 +1173,7 @@ def test_an_incr_answered_after_its_node_went_out_keeps_its_count_when_the_key_i
     store = tier(cache)
     cache.set("n", 5)
     wire = cache.wire_key("n")
-    client = _Between(store.blocking, "meta_arithmetic", lambda: tier(other).node_failed(0))
+    client = calling_first(store.blocking, "meta_arithmetic", lambda: tier(other).node_failed(0))
     assert run_blocking(store.incr(client, wire, 1)) == 6  # type: ignore[arg-type]
     assert store.metrics.journaled == 0
     assert store.flush(LANDING_WAIT)
@@ -1221,7 +1200,7 @@ def test_an_incr_whose_node_went_out_before_its_stamp_counts_on_the_outage_s_wri
             other.set("n", 50)  # journaled, on disk
         return real_current(key)
 
-    monkeypatch.setattr(store.stamps, "current", current)
+    monkeypatch.setattr(store, "stamps", twin(store.stamps, current=current))
     assert run_blocking(store.incr(store.blocking, wire, 1)) == 51
     assert hooked
     monkeypatch.undo()
@@ -1329,7 +1308,7 @@ def test_a_call_tried_again_after_its_node_flapped_finds_the_disk_s_value(
         return changed
 
     monkeypatch.setattr(socket.socket, "connect", refused)
-    monkeypatch.setattr(store.states, "mark_out", out_and_back)
+    monkeypatch.setattr(store, "states", twin(store.states, mark_out=out_and_back))
     with _still(store):  # no probe of the maintenance thread in between
         if call == "incr":
             assert log.incr(cache, 0, "n") == 6
@@ -1514,27 +1493,23 @@ def _disk_failed(*args: Any, **kwargs: Any) -> Any:
     raise DiskError("disk tier write failed: OperationalError: disk I/O error")
 
 
-class _LeavesAfterStamping:
-    """Stands in for a tier's stamps: once a write has stamped, the process has left the
-    table (its directory made again) and cannot follow the new one: ``current`` says 0,
-    ``bump`` raises StampsUnavailable."""
+def _leaves_after_stamping(stamps: WriteStamps) -> WriteStamps:
+    """A twin of a tier's stamps: once a write has stamped, the process has left the table
+    (its directory made again) and cannot follow the new one: ``current`` says 0, ``bump``
+    raises StampsUnavailable."""
+    left: list[bool] = []
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self._left = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def bump(self, key: bytes, gone: bool = False) -> int:
-        if self._left:
+    def bump(key: bytes, gone: bool = False) -> int:
+        if left:
             raise StampsUnavailable("the table cannot be followed")
-        stamp: int = self._inner.bump(key, gone)
-        self._left = True
+        stamp = stamps.bump(key, gone)
+        left.append(True)
         return stamp
 
-    def current(self, key: bytes) -> int:
-        return 0 if self._left else int(self._inner.current(key))
+    def current(key: bytes) -> int:
+        return 0 if left else stamps.current(key)
+
+    return twin(stamps, bump=bump, current=current)
 
 
 @pytest.mark.parametrize("failure", ["landing", "stamps"])
@@ -1556,7 +1531,7 @@ def test_an_outage_write_whose_landing_fails_is_refused_and_hides_the_old_value(
         if failure == "landing":
             store.disk = _Failing(disk, "land", _disk_failed)  # type: ignore[assignment]
         else:
-            store.stamps = _LeavesAfterStamping(stamps)  # type: ignore[assignment]
+            store.stamps = _leaves_after_stamping(stamps)
         try:
             assert store.set_now(wire, data, flags, None) is False
         finally:
@@ -1565,24 +1540,21 @@ def test_an_outage_write_whose_landing_fails_is_refused_and_hides_the_old_value(
         assert cache.get("k") is None  # never 1
 
 
-class _BumpsMeanwhile:
-    """Stands in for a tier's stamps: its first ``bump`` is made by ``meanwhile``, which
+def _bumps_meanwhile(
+    stamps: WriteStamps, meanwhile: Callable[[Callable[[], None]], None]
+) -> WriteStamps:
+    """A twin of a tier's stamps whose first ``bump`` is made by ``meanwhile``, which
     receives the call that makes it (the stamp then falls where ``meanwhile`` puts it)."""
+    pending = [meanwhile]
 
-    def __init__(self, inner: Any, meanwhile: Callable[[Callable[[], None]], None]) -> None:
-        self._inner = inner
-        self._meanwhile: Callable[[Callable[[], None]], None] | None = meanwhile
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def bump(self, key: bytes, gone: bool = False) -> int:
-        if self._meanwhile is None:
-            return int(self._inner.bump(key, gone))
-        meanwhile, self._meanwhile = self._meanwhile, None
+    def bump(key: bytes, gone: bool = False) -> int:
+        if not pending:
+            return stamps.bump(key, gone)
         stamped: list[int] = []
-        meanwhile(lambda: stamped.append(self._inner.bump(key, gone)))
+        pending.pop()(lambda: stamped.append(stamps.bump(key, gone)))
         return stamped[0]
+
+    return twin(stamps, bump=bump)
 
 
 def _timed_out(*args: Any, **kwargs: Any) -> Any:
@@ -1610,7 +1582,7 @@ def test_a_call_stamped_between_an_outage_write_s_stamp_and_its_landing_never_an
             log.set(other, 1, "k", 7)
 
     stamps = store.stamps
-    store.stamps = _BumpsMeanwhile(stamps, outage_set_around)  # type: ignore[assignment]
+    store.stamps = _bumps_meanwhile(stamps, outage_set_around)
     with _still(store), _still(tier(other)):
         start = time.monotonic_ns()
         try:

@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from django_fastcache.backends import FastCache
+from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.testing.servers import MemcachedServer
+from tests.twins import twin
 
 pytestmark = [
     pytest.mark.integration,
@@ -490,20 +492,16 @@ def test_a_write_timed_out_in_a_partition_never_lands_after_the_replay(
     assert read["key"] in ("latest", None)
 
 
-class _Probed:
-    """A blocking client that tells when a ``version`` probe was answered."""
+def _probed(client: BlockingClient, answered: threading.Event) -> BlockingClient:
+    """A twin of a blocking client that sets ``answered`` once a ``version`` probe was
+    answered."""
 
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.answered = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-    async def version(self, **kwargs: Any) -> Any:
-        result = await self.real.version(**kwargs)
-        self.answered.set()
+    async def version(**kwargs: Any) -> Any:
+        result = await client.version(**kwargs)
+        answered.set()
         return result
+
+    return twin(client, version=version)
 
 
 def test_a_replay_never_acts_on_a_probe_answered_before_the_node_went_out_again(
@@ -531,13 +529,13 @@ def test_a_replay_never_acts_on_a_probe_answered_before_the_node_went_out_again(
         assert node_states(cache) == ["out"]
         tiered.replay_settle = 4 * TIMEOUT + 2.0  # long enough for the steps below, by far
         outcome: list[int | None] = []
-        probed = _Probed(tiered.blocking)
-        tiered.blocking = probed  # type: ignore[assignment]
+        real, answered = tiered.blocking, threading.Event()
+        tiered.blocking = _probed(real, answered)
         waiting = threading.Thread(target=lambda: outcome.append(tiered.bring_back(0)))
         began = time.monotonic()
         waiting.start()
-        assert probed.answered.wait(PATIENCE), "the replay's probe was not answered"
-        tiered.blocking = probed.real
+        assert answered.wait(PATIENCE), "the replay's probe was not answered"
+        tiered.blocking = real
         # Meanwhile, another process's replay brings the node back...
         with tiered.journal.transaction() as connection:
             type(tiered.journal).forget(connection, tiered.cluster.node_ids[0])

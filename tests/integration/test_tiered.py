@@ -12,6 +12,7 @@ with a deadline.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import subprocess
@@ -19,22 +20,25 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from django_fastcache.backends import FastCache
+from django_fastcache.backends import FastCache, fastcache
 from django_fastcache.bridge import run_blocking
 from django_fastcache.disk import DiskEntry
 from django_fastcache.errors import ProtocolError, ServerError, ValueTooLargeError
+from django_fastcache.maintenance import maintenance
 from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.signals import node_back, node_out
 from django_fastcache.testing.servers import MemcachedServer, free_port
 from django_fastcache.tiered import TieredStore
 from tests.conftest import LANDING_WAIT, connects_from_this_thread
+from tests.twins import twin
 
 pytestmark = pytest.mark.integration
 
@@ -358,8 +362,8 @@ def test_get_many_answers_every_key_when_the_node_comes_back_during_the_call(
     cache = make_cache(location, disk_directory)
     keys = ["a", "b", "c"]
     cache.set_many(dict.fromkeys(keys, "v"))
-    states = tiered(cache).states
-    real_epoch = states.epoch
+    store = tiered(cache)
+    real_epoch = store.states.epoch
     caller = threading.get_ident()
     seen: list[int] = []
 
@@ -370,7 +374,7 @@ def test_get_many_answers_every_key_when_the_node_comes_back_during_the_call(
         seen.append(real_epoch(node) | 1 if not seen else real_epoch(node) & ~1)
         return seen[-1]
 
-    monkeypatch.setattr(states, "epoch", epoch)
+    monkeypatch.setattr(store, "states", twin(store.states, epoch=epoch))
     assert cache.get_many(keys) == dict.fromkeys(keys, "v")
     assert seen[0] & 1  # it saw the node out
 
@@ -714,7 +718,7 @@ def test_the_replay_deletes_exactly_the_journaled_keys_before_the_node_is_marked
         at_mark_up.append({key: raw.get(key) for key in [*before, cache.wire_key("c")]})
         original_mark_up(node)
 
-    monkeypatch.setattr(store.states, "mark_up", mark_up)
+    monkeypatch.setattr(store, "states", twin(store.states, mark_up=mark_up))
     # Which keys the replay deletes (a replay that fails part-way is tried again whole).
     replayed: list[list[bytes]] = []
     original_delete_many = store.blocking.delete_many
@@ -858,9 +862,8 @@ def test_a_replay_that_fails_leaves_the_node_out_and_its_journal_intact(
     cache.set("a", 1)
     store = tiered(cache)
     node = store.cluster.node_ids.index(server.location)
-    maintenance_probe = store.bring_back
     # Keep the maintenance thread away: this test calls bring_back itself.
-    monkeypatch.setattr(store, "bring_back", lambda node: None)
+    maintenance.unregister(store)
     server.kill()
     cache.set("a", 2)
     server.restart()
@@ -870,9 +873,9 @@ def test_a_replay_that_fails_leaves_the_node_out_and_its_journal_intact(
 
     with monkeypatch.context() as patch:
         patch.setattr(store.blocking, "delete_many", refused)
-        assert maintenance_probe(node) is None
+        assert store.bring_back(node) is None
     assert node_state(cache, server.location) == {"state": "out", "journal_length": 1}
-    assert maintenance_probe(node) == 1
+    assert store.bring_back(node) == 1
     assert node_state(cache, server.location) == {"state": "up", "journal_length": 0}
 
 
@@ -882,23 +885,47 @@ def test_the_probe_goes_on_after_an_unexpected_error(
     cache = make_cache(server.location, disk_directory)
     cache.set("a", 1)
     store = tiered(cache)
-    original = store.bring_back
+    original = store.blocking.version
     calls: list[int] = []
 
-    def flaky(node: int) -> int | None:
-        calls.append(node)
+    async def flaky(**kwargs: Any) -> Any:
+        # The probe's first request: a reply that does not parse (the replay gives up,
+        # probed again later), then a bug (an exception the replay does not expect).
+        calls.append(len(calls))
         if len(calls) == 1:
             raise ProtocolError("a reply that does not parse")
         if len(calls) == 2:
             raise RuntimeError("a bug")
-        return original(node)
+        return await original(**kwargs)
 
-    monkeypatch.setattr(store, "bring_back", flaky)
+    monkeypatch.setattr(store, "blocking", twin(store.blocking, version=flaky))
     server.kill()
     cache.set("a", 2)
     server.restart()
     wait_for_state(cache, server.location, "up")
     assert len(calls) >= 3
+
+
+def test_the_maintenance_thread_lets_go_of_a_store_nothing_else_holds(
+    disk_directory: str,
+) -> None:
+    # The thread holds its stores weakly (through a handle the store holds in turn), so
+    # a store dropped without unregistering is not kept alive by it. (No write and no
+    # store.close(): the writer behind's thread, once started, holds its store.)
+    cache = make_cache(f"127.0.0.1:{free_port()}", disk_directory)
+    store = tiered(cache)
+    handle = weakref.ref(cast(object, store.maintained))
+    with fastcache._shared_lock:
+        doomed = [key for key, shared in fastcache._shared.items() if shared.tiered is store]
+        stacks = [fastcache._shared.pop(key) for key in doomed]
+    assert len(stacks) == 1
+    stacks[0].blocking.close_thread_connections()
+    store.disk.close()
+    store.journal.close()
+    del cache, store, stacks
+    with maintenance._round:  # no round holding the store meanwhile
+        gc.collect()
+    assert handle() is None
 
 
 def test_a_tier_whose_node_states_cannot_be_mapped_is_not_built(disk_directory: str) -> None:

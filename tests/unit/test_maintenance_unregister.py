@@ -6,11 +6,14 @@ import threading
 from typing import Any
 
 from django_fastcache import maintenance as maintenance_module
+from django_fastcache.handles import Handle
 from django_fastcache.maintenance import Maintenance
 
 
 class _Store:
     """A store as the round sees it here (its checks are replaced below)."""
+
+    maintained: object | None = None
 
 
 def test_unregister_waits_for_the_round_that_holds_the_store(monkeypatch: Any) -> None:
@@ -24,8 +27,10 @@ def test_unregister_waits_for_the_round_that_holds_the_store(monkeypatch: Any) -
     monkeypatch.setattr(Maintenance, "_probe_out_nodes", lambda self, store: False)
     thread = Maintenance()
     store: Any = _Store()
+    handle = Handle(store)
+    store.maintained = handle
     with thread._lock:
-        thread._stores.add(store)
+        thread._stores.add(handle)
     thread.ensure_running()
     assert in_round.wait(10)  # the round is checking the store's files
 
@@ -39,4 +44,5 @@ def test_unregister_waits_for_the_round_that_holds_the_store(monkeypatch: Any) -
     release.set()
     assert returned.wait(10)
     unregistering.join(10)
-    assert store not in thread._stores
+    assert handle not in thread._stores
+    assert store.maintained is None

@@ -100,6 +100,32 @@ def test_an_epoch_read_halfway_through_marking_out_reads_out_and_unlike_any_othe
     assert len({before, halfway, out, back}) == 4
 
 
+def test_an_epoch_read_across_marking_out_is_not_the_epoch_of_the_node_back(
+    tmp_path: Path,
+) -> None:
+    # epoch() makes two reads; the node is marked out between them. What it read must not
+    # be the epoch the node has once it is back: a request reading that epoch before and
+    # after its reply would miss the outage.
+    states = NodeStates(str(tmp_path), NODES)
+    page = states._words[0]
+    reads: list[int] = []
+
+    class MarkedOutBetweenReads:
+        def __getitem__(self, index: int) -> int:
+            value = int(page[index])
+            reads.append(index)
+            if len(reads) == 1:
+                states.mark_out(0)
+            return value
+
+    states._words[0] = MarkedOutBetweenReads()  # type: ignore[call-overload]
+    read_across = states.epoch(0)
+    states._words[0] = page
+    assert len(reads) == 2
+    states.mark_up(0)
+    assert read_across != states.epoch(0)
+
+
 def test_mark_out_sets_the_state_before_the_count(tmp_path: Path) -> None:
     # The order the test above relies on, as mark_out writes it.
     states = NodeStates(str(tmp_path), NODES)
@@ -113,7 +139,8 @@ def test_mark_out_sets_the_state_before_the_count(tmp_path: Path) -> None:
     states._maps[0] = Page(bytes(states._maps[0]))  # type: ignore[call-overload]
     assert states.mark_out(0)
     assert counts_when_state_set == [0]
-    assert states.epoch(0) == 1 << 1 | 1
+    assert states._maps[0][0] == nodestate._OUT
+    assert nodestate._COUNT.unpack_from(states._maps[0], nodestate._OUTAGES)[0] == 1
 
 
 # -- files that cannot be mapped: never states of the process's own ----------------------------

@@ -130,7 +130,7 @@ def test_the_exit_waits_for_a_batch_being_landed(tmp_path: Path, monkeypatch: An
         return land(writes, current)
 
     monkeypatch.setattr(store, "land", slow_land)
-    monkeypatch.setattr(writebehind, "_queues", {writer})
+    monkeypatch.setattr(writebehind, "_queues", {writer.handle})
     landed_at_exit: list[int] = []
     try:
         writer.put(b"k", stamps.bump(b"k"), b"v", 0, None, time.time())

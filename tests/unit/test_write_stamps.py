@@ -231,10 +231,12 @@ def test_a_reopen_that_fails_refuses_writes_until_one_succeeds(
     assert not moving.replaced()
 
 
-def test_an_unreadable_boot_id_keeps_the_table(anchor: str, shm: str, monkeypatch: Any) -> None:
+def test_an_unreadable_boot_id_keeps_the_table(
+    anchor: str, shm: str, tmp_path: Path, monkeypatch: Any
+) -> None:
     first = WriteStamps(anchor, shm_root=shm)
     stamp = first.bump(b"k")
-    monkeypatch.setattr(stamps, "_boot_id", lambda: 0)
+    monkeypatch.setattr(stamps, "_BOOT_ID", str(tmp_path / "missing"))  # says no boot
     second = WriteStamps(anchor, shm_root=shm)
     assert second.table_path == first.table_path
     assert second.current(b"k") == stamp
@@ -262,11 +264,15 @@ def test_a_vanished_table_is_replaced_by_one_in_the_directory_that_every_process
     assert WriteStamps(anchor, shm_root=shm).table_path == newer.table_path
 
 
-def test_a_new_boot_gets_a_new_table(anchor: str, shm: str, monkeypatch: Any) -> None:
+def test_a_new_boot_gets_a_new_table(
+    anchor: str, shm: str, tmp_path: Path, monkeypatch: Any
+) -> None:
     before = WriteStamps(anchor, shm_root=shm)
     stamp = before.bump(b"k")
     old_table = before.table_path
-    monkeypatch.setattr(stamps, "_boot_id", lambda: 0x1234)
+    boot_id = tmp_path / "boot_id"  # what the kernel says of another boot
+    boot_id.write_text("00000000-0000-1234-8000-000000000000\n")
+    monkeypatch.setattr(stamps, "_BOOT_ID", str(boot_id))
     after = WriteStamps(anchor, shm_root=shm)
     assert after.mode == SHM
     assert after.table_path != old_table
@@ -440,7 +446,7 @@ def test_a_child_forked_while_a_thread_followed_follows_too(anchor: str, shm: st
     own = WriteStamps(anchor, shm_root=shm)
     os.unlink(own.table_path)
     stamp = WriteStamps(anchor, shm_root=shm).bump(b"k")  # in a new table
-    with own._lock:  # another thread of the parent following at the fork
+    with own._guard.target:  # another thread of the parent following at the fork
         pid = os.fork()
         if pid == 0:
             os._exit(0 if own.current(b"k") == stamp else 1)
