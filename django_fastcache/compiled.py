@@ -25,6 +25,7 @@ HOT_MODULES = (
     "django_fastcache.sealing",
     "django_fastcache.backends.fastcache",
     "django_fastcache.disk.nodestate",
+    "django_fastcache.disk.readcopies",
     "django_fastcache.disk.stamps",
     "django_fastcache.disk.writebehind",
     "django_fastcache.tiered",

@@ -51,6 +51,8 @@ from .client.cluster import Cluster
 from .client.commands import CommandSet
 from .client.failures import refusal_error
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
+from .disk.readcopies import LIMIT as READ_COPIES
+from .disk.readcopies import ReadCopies
 from .disk.stamps import WriteStamps, holds_value
 from .disk.store import Fields
 from .disk.writebehind import INTERVAL, WriteBehind
@@ -85,6 +87,8 @@ NODE_FAILURES: Final = (NetworkError, ProtocolError)
 #: Tries of an incr that finds a refill's stub (the value is on its way back from disk).
 _STUB_TRIES: Final = 20
 _STUB_PAUSE: Final = 0.001
+#: ``time.time``, bound once: compiled, a module's attribute is looked up per call.
+_now: Final = time.time
 
 
 def _is_stub(data: bytes, flags: int) -> bool:
@@ -137,6 +141,7 @@ class TieredStore:
         directory: str | None = None,
         stamps: WriteStamps | None = None,
         write_interval: float = INTERVAL,
+        read_copies: int = READ_COPIES,
     ) -> None:
         self.cluster = cluster
         self.blocking = blocking
@@ -156,6 +161,8 @@ class TieredStore:
         # A shard lock is held by the writer behind for one group commit, and by an outage
         # write for one entry; a write waiting for it gives up only well after that.
         disk.lock_wait = 2 * cluster.settings.timeout
+        #: Copies of the disk entries this process read, at most ``read_copies`` bytes.
+        self.copies = ReadCopies(read_copies)
         #: The writer behind memcached: disk copies of writes made while nodes are up.
         self.behind = WriteBehind(
             disk, self.stamps, interval=write_interval, on_failure=self._behind_failed
@@ -252,21 +259,29 @@ class TieredStore:
         ``stamp`` (by default, its slot's current one), which must be a write's; within
         ``max_staleness``; not expired; not distrusted. A disk that fails answers nothing.
         (What :meth:`_on_disk` answers, with nothing built: every read of an outage runs
-        it.)"""
+        it.) Under the slot's current stamp, a copy kept in memory answers in place of a
+        read from disk (:mod:`.disk.readcopies`), checked alike."""
         if stamp is None:
             stamp = self.stamps.current(key)
-        if not stamp & 1:  # not holds_value(stamp), inline
-            return None  # deleted, or never written: no entry answers, no need to look
-        try:
-            found = self.disk.read(key, stamp)
-        except DiskError as exc:
-            self._disk_failed(None, exc)
-            return None
-        if found is None:
-            return None
+            if not stamp & 1:  # not holds_value(stamp), inline
+                return None  # deleted, or never written: no entry answers, no need to look
+            # The slot's current stamp: a copy read earlier answers as its entry would.
+            # (Only then: under an older stamp, a newer write may have landed since.)
+            found = self.copies.get(key, stamp)
+            if found is None:
+                found = self._read(key, stamp)
+                if found is None:
+                    return None
+                self.copies.keep(key, found)
+        else:
+            if not stamp & 1:
+                return None
+            found = self._read(key, stamp)
+            if found is None:
+                return None
         written_at = found[2]
         expire_at = found[3]
-        now = time.time()
+        now = _now()
         if (
             now - written_at > self.max_staleness
             or (expire_at is not None and expire_at <= now)
@@ -274,6 +289,14 @@ class TieredStore:
         ):
             return None
         return found
+
+    def _read(self, key: bytes, stamp: int) -> Fields | None:
+        """The fields of ``key``'s disk entry written under ``stamp``, read from disk."""
+        try:
+            return self.disk.read(key, stamp)
+        except DiskError as exc:
+            self._disk_failed(None, exc)
+            return None
 
     def _on_disk(self, key: bytes, stamp: int | None = None) -> DiskEntry | None:
         """The key's disk entry if it answers (see :meth:`_answering`)."""
@@ -339,7 +362,7 @@ class TieredStore:
     ) -> None:
         """Land the disk entry of a write made at once, stamped ``stamp`` already, while
         that stamp is current."""
-        now = time.time()
+        now = _now()
         self.disk.land(
             [(key, stamp, data, flags, expire_at, now if written_at is None else written_at)],
             self.stamps.current,
@@ -467,7 +490,7 @@ class TieredStore:
             with contextlib.suppress(FastCacheError):
                 await client.meta_delete(key, cas=lease.cas)
             return False
-        now = time.time()
+        now = _now()
         exptime = memcached_exptime(entry.remaining_seconds(now), now)
         stored = await client.meta_set(
             key, entry.data, flags=entry.flags, exptime=exptime, cas=lease.cas
@@ -490,7 +513,7 @@ class TieredStore:
         if entry is None:
             return None
         self.metrics.disk_hits += 1
-        now = time.time()
+        now = _now()
         exptime = memcached_exptime(entry.remaining_seconds(now), now)
         with contextlib.suppress(FastCacheError):
             stored = await client.meta_set(
@@ -595,7 +618,7 @@ class TieredStore:
         if not done or stamped is None:
             return False, False
         stamp, result = stamped
-        expire_at = None if deleting or ttl is None else time.time() + ttl
+        expire_at = None if deleting or ttl is None else _now() + ttl
         try:
             self._land_now(key, stamp, None if deleting else data, flags, expire_at)
         except DiskError as exc:
@@ -630,7 +653,7 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 stamp = self.stamps.bump(key)
-                now = time.time()
+                now = _now()
                 try:
                     stored = self.blocking.store_now(
                         b"set", key, data, flags, memcached_exptime(ttl, now), True
@@ -663,7 +686,7 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 stamp = self.stamps.bump(key)
-                now = time.time()
+                now = _now()
                 try:
                     stored = await client.set(
                         key, data, flags=flags, exptime=memcached_exptime(ttl, now)
@@ -696,7 +719,7 @@ class TieredStore:
         if self.states.is_out(node):
             return False
         stamp = self.stamps.bump(key)
-        now = time.time()
+        now = _now()
         try:
             stored = await client.meta_set(
                 key, data, flags=flags, exptime=memcached_exptime(ttl, now), cas=cas
@@ -713,7 +736,7 @@ class TieredStore:
         return False
 
     def _set_on_disk(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
-        now = time.time()
+        now = _now()
         if ttl is not None and ttl <= 0:
             self._write_now(key, None, flags, None)
         else:
@@ -730,7 +753,7 @@ class TieredStore:
         settle: set[bytes] = {key for key, _data, _flags in triples} - {k for k, _d, _f in up}
         if up:
             stamps = [self.stamps.bump(key) for key, _data, _flags in up]
-            now = time.time()
+            now = _now()
             # A node that fails shows as its keys not stored: they are settled one by one
             # below (which marks the node out and journals them).
             refused = set(await client.set_many(up, exptime=memcached_exptime(ttl, now)))
@@ -823,7 +846,7 @@ class TieredStore:
                 # The key exists: get would answer it from disk. Back into memcached under
                 # this caller's lease (another's is a refill of it under way).
                 if lease.win:
-                    now = time.time()
+                    now = _now()
                     exptime = memcached_exptime(entry.remaining_seconds(now), now)
                     with contextlib.suppress(FastCacheError):
                         stored = await client.meta_set(
@@ -834,7 +857,7 @@ class TieredStore:
                 return False
             stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
             bumped[:] = [prev, stamp]
-            now = time.time()
+            now = _now()
             stored = await client.meta_set(
                 key, data, flags=flags, exptime=memcached_exptime(ttl, now), cas=lease.cas
             )
@@ -863,7 +886,7 @@ class TieredStore:
         add's value is deleted again and the key misses in memcached (get answers it from
         disk). The stamp moves only once the add took: a refused add leaves the key's disk
         copy as it was."""
-        now = time.time()
+        now = _now()
         if not await client.add(key, data, flags=flags, exptime=memcached_exptime(ttl, now)):
             return False
         prev = self.stamps.current(key)
@@ -886,7 +909,7 @@ class TieredStore:
                 return
             assert held.value is not None
             ttl = None if held.ttl is None or held.ttl < 0 else float(held.ttl)
-            self._queue(key, stamp, held.value, held.client_flags or 0, ttl, time.time())
+            self._queue(key, stamp, held.value, held.client_flags or 0, ttl, _now())
 
     def _add_on_disk(
         self,
@@ -930,7 +953,7 @@ class TieredStore:
         prev = self._before(key, bumped)
         stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
         bumped[:] = [prev, stamp]
-        now = time.time()
+        now = _now()
         exptime = memcached_exptime(ttl, now)
         if ttl is not None and ttl <= 0:
             touched = await client.touch(key, exptime)
@@ -972,7 +995,7 @@ class TieredStore:
         if ttl is not None and ttl <= 0:
             self._write_now(key, None, 0, None)
         else:
-            expire_at = None if ttl is None else time.time() + ttl
+            expire_at = None if ttl is None else _now() + ttl
             self._write_now(key, entry.data, entry.flags, expire_at, entry.written_at)
         return True
 
@@ -994,7 +1017,7 @@ class TieredStore:
                 else:
                     # The disk copy, for the writer behind (_behind, inline: the flat path).
                     if self.stamps.current(key) == stamp:
-                        self.behind.put(key, stamp, None, 0, None, time.time())
+                        self.behind.put(key, stamp, None, 0, None, _now())
                     else:
                         self.stamps.bump(key, gone=True)
                     # Not in memcached: it existed if get would have found it on disk.
@@ -1017,7 +1040,7 @@ class TieredStore:
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 else:
-                    self._behind(key, stamp, None, 0, None, time.time())
+                    self._behind(key, stamp, None, 0, None, _now())
                     return deleted or self._on_disk(key, prev) is not None
             done, result = self._out_write(node, key, None, 0, None, bumped)
             if done:
@@ -1040,12 +1063,12 @@ class TieredStore:
                 try:
                     reply = await client.meta_delete(key, invalidate=True, exptime=exptime)
                 except MetaUnsupportedError:
-                    self._behind(key, stamp, None, 0, None, time.time())
+                    self._behind(key, stamp, None, 0, None, _now())
                     raise
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 else:
-                    self._behind(key, stamp, None, 0, None, time.time())
+                    self._behind(key, stamp, None, 0, None, _now())
                     return reply.status is MetaStatus.HD or self._on_disk(key, prev) is not None
             done, result = self._out_write(node, key, None, 0, None, bumped)
             if done:
@@ -1063,7 +1086,7 @@ class TieredStore:
             except FastCacheError:
                 settle = unique  # a node failed: each key on its own (journaled if out)
             else:
-                now = time.time()
+                now = _now()
                 for key, stamp in zip(up, stamps):
                     self._behind(key, stamp, None, 0, None, now)
         for key in settle:
@@ -1142,7 +1165,7 @@ class TieredStore:
             raise _WentOutBeforeSending
         entry: DiskEntry | None = None
         for _try in range(_STUB_TRIES):
-            now = time.time()
+            now = _now()
             try:
                 count = await client.meta_arithmetic(key, abs(delta), decrement=delta < 0)
             except MetaUnsupportedError:
@@ -1195,6 +1218,7 @@ class TieredStore:
         # Every stamp forgotten first: no entry answers, and no write queued before the
         # clear lands after it.
         self.stamps.reset()
+        self.copies.clear()  # (none answers any more: their memory goes)
         out = [n for n in range(len(self.cluster)) if self.states.is_out(n)]
         up = [n for n in range(len(self.cluster)) if n not in out]
         if up:
@@ -1215,7 +1239,7 @@ class TieredStore:
             self.disk.clear()
         except DiskError as exc:
             self._disk_failed(None, exc)
-            self.states.distrust(None, time.time())  # every entry is now out of date
+            self.states.distrust(None, _now())  # every entry is now out of date
 
     # -- bringing a node back ------------------------------------------------------------
     def bring_back(self, node: int) -> int | None:
@@ -1336,6 +1360,8 @@ class TieredStore:
             "writes_landed": behind.landed,
             "writes_skipped": behind.skipped,
             "writes_dropped": behind.dropped + behind.failed,
+            "read_copies": len(self.copies),
+            "read_copies_bytes": self.copies.size,
         }
 
 

@@ -151,6 +151,7 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
             Journal(os.path.join(directory, "journal.sqlite3")),
             NodeStates(os.path.join(directory, "nodes"), client.cluster.node_ids),
             max_staleness=options.disk_max_staleness,
+            read_copies=options.disk_read_copies,
             on_node_out=lambda node_id: _announce_node_out(node_id, directory),
             directory=directory,
         )

@@ -99,6 +99,10 @@ class FastCacheOptions:
     #: Seconds after its write a disk entry may still answer a memcached miss or an outage.
     #: Bounds how stale an answer can be across hosts (see the disk tier docs).
     disk_max_staleness: float = 300.0
+    #: Bytes of values each process keeps in memory as copies of the disk entries it read:
+    #: a copy answers in place of a SQLite read while its entry would (the key's write
+    #: stamp unchanged; see the disk tier docs). 0: none.
+    disk_read_copies: int = 4 * 1024**2
 
     # -- the meta protocol and stampede protection (docs/stampede.md) ----------------
     #: ``"auto"`` (ask each node with ``mn`` the first time it is needed), ``"meta"``
@@ -299,6 +303,16 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
             )
         )
         raw.pop("stale_while_revalidate")
+    if "disk_read_copies" in raw and not (
+        _is_int(raw["disk_read_copies"]) and raw["disk_read_copies"] >= 0
+    ):
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E020",
+                "disk_read_copies must be a number of bytes >= 0 (0: no copies kept).",
+            )
+        )
+        raw.pop("disk_read_copies")
     if "stale_on_delete" in raw and not (
         _is_number(raw["stale_on_delete"]) and raw["stale_on_delete"] >= 0
     ):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from ..client import forksafe
 from ..logs import logger
 from . import forkgate
-from .store import DiskError
+from .store import DiskError, as_blob
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS journal (
@@ -208,7 +208,7 @@ class Journal:
         """Within :meth:`transaction`: note keys written or deleted while ``node_id`` is out."""
         connection.executemany(
             "INSERT OR IGNORE INTO journal (node, key) VALUES (?, ?)",
-            [(node_id, key) for key in keys],
+            [(node_id, as_blob(key)) for key in keys],
         )
 
     @staticmethod

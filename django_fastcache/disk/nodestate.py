@@ -46,6 +46,9 @@ _STAMP: Final = struct.Struct("=d")
 #: In a node's page: byte 0 its state; at _OUTAGES, how many times it went out (native
 #: byte order: epoch() reads the page as a memoryview of uint64s).
 _COUNT: Final = struct.Struct("=Q")
+#: ``time.monotonic``, bound once (see tiered's ``_now``): :meth:`NodeStates.trusts` runs
+#: per read from disk.
+_monotonic: Final = time.monotonic
 _OUTAGES: Final = 8
 _COUNT_WORD: Final = _OUTAGES // 8
 #: Where the state byte lies in the page's first uint64, in the host's byte order.
@@ -245,9 +248,9 @@ class NodeStates:
         other processes write to. Noticed at once when another process on these files
         moved first (it marked them); otherwise by a ``stat``, made at most every
         :data:`CHECK_INTERVAL` seconds (and by every read while they are replaced)."""
-        if time.monotonic() >= self._next_check:
+        if _monotonic() >= self._next_check:
             if self.replaced():
                 return False
-            self._next_check = time.monotonic() + CHECK_INTERVAL
+            self._next_check = _monotonic() + CHECK_INTERVAL
         times = self._times  # (the slot as _slot says, inline: this runs per read)
         return written_at > times[_crc32(key) % _SLOTS] and written_at > times[_WHOLE_TIER]

@@ -595,6 +595,46 @@ def test_a_process_on_a_deleted_directory_misses_rather_than_answering_its_old_c
     assert log.stale_reads() == []
 
 
+def test_a_copy_of_a_disk_entry_never_answers_once_another_process_wrote_its_key(
+    server: MemcachedServer, directory: str
+) -> None:
+    # P answers k from disk and keeps a copy of the entry in memory (disk/readcopies.py);
+    # Q then writes or deletes k. P's next read must not come from its copy: Q's write
+    # gave k's slot a new stamp. Both with memcached up (P's miss answered from disk) and
+    # with the node out (every read answered from disk).
+    log = Log()
+    older = make(server.location, directory, 0)
+    newer = make(server.location, directory, 1)
+    store = tier(older)
+    wire = older.wire_key("k")
+
+    def copied() -> bool:
+        return store.copies.get(wire, store.stamps.current(wire)) is not None
+
+    log.set(older, 0, "k", 1)
+    assert store.flush(LANDING_WAIT)
+    server.flush()
+    assert log.get(older, 0, "k") == 1  # a miss, answered from disk
+    assert copied()
+    log.set(newer, 1, "k", 2)
+    assert tier(newer).flush(LANDING_WAIT)
+    server.flush()
+    assert not copied()
+    assert log.get(older, 0, "k") == 2  # not 1, from the copy
+    server.kill()
+    assert log.get(older, 0, "k") == 2  # the node found out: from disk (the copy, now)
+    assert copied()
+    log.set(newer, 1, "k", 3)  # journaled, landed at once
+    assert log.get(older, 0, "k") == 3
+    assert log.get(older, 0, "k") == 3
+    log.delete(newer, 1, "k")
+    assert log.get(older, 0, "k") is None
+    log.set(newer, 1, "k", 4)
+    assert log.incr(newer, 1, "k") == 5
+    assert log.get(older, 0, "k") == 5
+    assert log.stale_reads() == []
+
+
 def test_a_process_that_moved_stamps_its_writes_where_the_directory_s_processes_read_them(
     server: MemcachedServer, directory: str
 ) -> None:

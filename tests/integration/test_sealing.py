@@ -168,7 +168,9 @@ def test_with_sealing_off_a_sealed_value_is_a_miss_not_an_error(
 def test_a_pickle_planted_on_disk_is_refused(
     memcached: MemcachedServer, disk_directory: str
 ) -> None:
-    cache = FastCache(memcached.location, {"OPTIONS": {"disk_directory": disk_directory}})
+    # No copies of disk entries in memory: the read after the plant goes to the disk.
+    options = {"disk_directory": disk_directory, "disk_read_copies": 0}
+    cache = FastCache(memcached.location, {"OPTIONS": options})
     cache.set("k", "genuine")
     tiered = cache._shared().tiered
     assert tiered is not None

@@ -326,6 +326,30 @@ def test_an_entry_older_than_disk_max_staleness_is_not_served(
     assert on_disk(cache, "k") is not None
 
 
+@pytest.mark.parametrize("limit", [None, 0])
+def test_a_read_from_disk_keeps_a_copy_in_memory_within_disk_read_copies(
+    server: MemcachedServer, disk_directory: str, limit: int | None
+) -> None:
+    options = {} if limit is None else {"disk_read_copies": limit}
+    cache = make_cache(server.location, disk_directory, **options)
+    cache.set("k", "v" * 100)
+    landed(cache)
+    server.flush()
+    assert cache.get("k") == "v" * 100  # a miss, answered from disk
+    stats = cache.tier_stats()
+    assert stats is not None
+    if limit == 0:
+        assert (stats["read_copies"], stats["read_copies_bytes"]) == (0, 0)
+    else:
+        assert stats["read_copies"] == 1
+        assert stats["read_copies_bytes"] > 100
+    # A copy or not, the key's next write is what answers.
+    cache.set("k", "w")
+    landed(cache)
+    server.flush()
+    assert cache.get("k") == "w"
+
+
 def test_a_node_that_is_out_is_not_connected_to(disk_directory: str) -> None:
     location = f"127.0.0.1:{free_port()}"  # nothing listens here
     cache = make_cache(location, disk_directory)

@@ -77,6 +77,7 @@ GOOD_VALUES: dict[str, list[Any]] = {
     ],
     "disk_timeout": [0.001, 1, 2.5],
     "disk_max_staleness": [0.5, 300, 86400.0],
+    "disk_read_copies": [0, 1, 64 * 1024**2],
     "placement": ["rendezvous", "ketama", "ketama_md5", "ketama_weighted", "emcache"],
     # True only with the disk tier off: tests/unit/test_placement_command.py.
     "autodiscovery": [False],
@@ -235,6 +236,14 @@ def test_counts_must_be_positive_integers_e003(name: str, value: Any) -> None:
     assert ids(problems) == ["django_fastcache.E003"]
     assert name in problems[0].message
     assert getattr(options, name) == getattr(FastCacheOptions(), name)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, 4.0, "4096", True, None])
+def test_disk_read_copies_must_be_a_number_of_bytes_e020(value: Any) -> None:
+    options, problems = parse_options({"disk_read_copies": value})
+    assert ids(problems) == ["django_fastcache.E020"]
+    assert "disk_read_copies" in problems[0].message
+    assert options.disk_read_copies == FastCacheOptions().disk_read_copies
 
 
 @pytest.mark.parametrize("value", [1, 0, "yes", "True", None])
