@@ -51,6 +51,7 @@ from .client.cluster import Cluster
 from .client.commands import CommandSet
 from .client.failures import refusal_error
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
+from .disk.nodestate import CHECK_INTERVAL
 from .disk.readcopies import LIMIT as READ_COPIES
 from .disk.readcopies import ReadCopies
 from .disk.stamps import WriteStamps, holds_value
@@ -87,8 +88,10 @@ NODE_FAILURES: Final = (NetworkError, ProtocolError)
 #: Tries of an incr that finds a refill's stub (the value is on its way back from disk).
 _STUB_TRIES: Final = 20
 _STUB_PAUSE: Final = 0.001
-#: ``time.time``, bound once: compiled, a module's attribute is looked up per call.
+#: ``time.time`` and ``time.monotonic``, bound once: compiled, a module's attribute is
+#: looked up per call.
 _now: Final = time.time
+_monotonic: Final = time.monotonic
 
 
 def _is_stub(data: bytes, flags: int) -> bool:
@@ -161,8 +164,12 @@ class TieredStore:
         # A shard lock is held by the writer behind for one group commit, and by an outage
         # write for one entry; a write waiting for it gives up only well after that.
         disk.lock_wait = 2 * cluster.settings.timeout
-        #: Copies of the disk entries this process read, at most ``read_copies`` bytes.
-        self.copies = ReadCopies(read_copies)
+        #: Copies of the disk entries this process read, at most ``read_copies`` bytes;
+        #: none under an eviction policy that counts reads (a copy's reads go uncounted).
+        self.copies = ReadCopies(0 if disk.records_reads else read_copies)
+        #: ``time.monotonic()`` until which the copies may answer without a check of the
+        #: write stamps anchor (see :meth:`_copies_hold`).
+        self._copies_checked_until = -math.inf
         #: The writer behind memcached: disk copies of writes made while nodes are up.
         self.behind = WriteBehind(
             disk, self.stamps, interval=write_interval, on_failure=self._behind_failed
@@ -268,6 +275,8 @@ class TieredStore:
             # The slot's current stamp: a copy read earlier answers as its entry would.
             # (Only then: under an older stamp, a newer write may have landed since.)
             found = self.copies.get(key, stamp)
+            if found is not None and not self._copies_hold():
+                found = None
             if found is None:
                 found = self._read(key, stamp)
                 if found is None:
@@ -289,6 +298,27 @@ class TieredStore:
         ):
             return None
         return found
+
+    def _copies_hold(self) -> bool:
+        """Whether a copy matching its slot's stamp may answer: this process's write
+        stamps anchor is still the directory's, as checked at most CHECK_INTERVAL ago.
+
+        A copy is matched against the table this process maps. Once the anchor alone was
+        removed (an age-based temp cleaner), a process started since stamps another table,
+        and until this one moves (its maintenance thread's check of the files) its slots
+        say nothing of that process's writes, while a read from disk would find the row
+        that process's write landed, under a stamp of the other table, and miss. So the
+        copies answer only while a check made within CHECK_INTERVAL found the anchor in
+        place, and are dropped when it did not (the window left: CHECK_INTERVAL, as for
+        the node states' files)."""
+        now = _monotonic()
+        if now < self._copies_checked_until:
+            return True
+        if self.stamps.replaced():
+            self.copies.clear()
+            return False
+        self._copies_checked_until = now + CHECK_INTERVAL
+        return True
 
     def _read(self, key: bytes, stamp: int) -> Fields | None:
         """The fields of ``key``'s disk entry written under ``stamp``, read from disk."""

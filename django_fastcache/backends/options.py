@@ -99,9 +99,10 @@ class FastCacheOptions:
     #: Seconds after its write a disk entry may still answer a memcached miss or an outage.
     #: Bounds how stale an answer can be across hosts (see the disk tier docs).
     disk_max_staleness: float = 300.0
-    #: Bytes of values each process keeps in memory as copies of the disk entries it read:
-    #: a copy answers in place of a SQLite read while its entry would (the key's write
-    #: stamp unchanged; see the disk tier docs). 0: none.
+    #: Bytes each process keeps in memory, per cache, as copies of the disk entries it
+    #: read: a copy answers in place of a SQLite read while its entry would (the key's
+    #: write stamp unchanged; see the disk tier docs). 0: none (and none are kept under an
+    #: eviction policy that counts reads).
     disk_read_copies: int = 4 * 1024**2
 
     # -- the meta protocol and stampede protection (docs/stampede.md) ----------------

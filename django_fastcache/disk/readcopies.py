@@ -6,13 +6,16 @@ and an entry answers only while the stamp it was written under is still its slot
 copy of an entry, kept with that stamp, may answer exactly when the entry itself may, and
 the read then costs a dict lookup instead of a SQLite query. The tier checks a copy as it
 checks an entry read from disk (the slot's stamp, then age, expiry and distrust), so a
-copy never answers where the entry would not; the one difference is an entry the disk
-dropped to stay under its size limit, whose copy may still answer: it is still the key's
-latest write on this host.
+copy never answers where the entry would not. The differences: an entry the disk dropped
+to stay under its size limit, whose copy may still answer (it is still the key's latest
+write on this host); and the copies answer only while the tier found its stamps anchor in
+place lately (``TieredStore._copies_hold``: a process on a new anchor stamps another table).
 
 Bounded by ``limit`` bytes (values and keys, plus a fixed overhead per copy): when a new
 copy would pass it, every copy is dropped and they gather again (the keys read most come
-back first). An entry larger than an eighth of the limit is not copied.
+back first). An entry larger than an eighth of the limit is not copied. Compiled, a call
+runs whole under the interpreter's lock; in pure Python, threads keeping copies at once
+may miscount by a copy or two until the next drop.
 """
 
 from __future__ import annotations

@@ -155,6 +155,13 @@ class DiskStore:
         self._pid = os.getpid()
         forksafe.register(self)
 
+    @property
+    def records_reads(self) -> bool:
+        """Whether a read updates its entry for the eviction policy (least recently or
+        least frequently used): a read answered from anywhere else would make the entry
+        look colder than it is."""
+        return not self._plain_reads
+
     def _forget_after_fork(self) -> object:
         """In a forked child: the parent's shards (and their connections) are handed over,
         to be kept, never closed: closing them could checkpoint the parent's databases from

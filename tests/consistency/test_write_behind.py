@@ -730,6 +730,35 @@ def test_a_process_whose_stamps_anchor_was_removed_moves_to_the_directory_s_at_i
     assert log.stale_reads() == []
 
 
+def test_a_copy_does_not_answer_once_its_process_s_stamps_anchor_was_removed(
+    server: MemcachedServer, directory: str
+) -> None:
+    # P keeps a copy of k's entry. A temp cleaner removes the anchor alone; Q, started
+    # afterwards, stamps another table and writes k, which lands; memcached loses k. P's
+    # slot in the table it still maps matches its copy, but the copy must not answer: the
+    # check of the anchor that the copies wait for (at most CHECK_INTERVAL old) finds it
+    # gone, and the read goes to the disk, whose row is Q's (another stamp): a miss.
+    log = Log()
+    older = make(server.location, directory, 0)
+    store = tier(older)
+    wire = older.wire_key("k")
+    with _still(store):  # P stays on the removed anchor: the test moves it
+        log.set(older, 0, "k", 1)
+        assert store.flush(LANDING_WAIT)
+        server.flush()
+        assert log.get(older, 0, "k") == 1  # from disk, copied
+        assert store.copies.get(wire, store.stamps.current(wire)) is not None
+        os.unlink(store.stamps.path)
+        newer = make(server.location, directory, 1)
+        log.set(newer, 1, "k", 2)
+        assert tier(newer).flush(LANDING_WAIT)
+        server.flush()
+        store._copies_checked_until = 0.0  # the check is due, as CHECK_INTERVAL on
+        assert log.get(older, 0, "k") is None  # not 1, from the copy
+        assert len(store.copies) == 0  # dropped with the anchor
+    assert log.stale_reads() == []
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="the window docs/disk-tier.md describes: a removed anchor is found by the check of "

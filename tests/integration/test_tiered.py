@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import socket
 import subprocess
@@ -312,6 +313,8 @@ def test_an_entry_older_than_disk_max_staleness_is_not_served(
     cache.set("other", "x")
     entry = on_disk(cache, "k")
     assert entry is not None
+    server.flush()
+    assert cache.get("k") == "v"  # from disk: a copy is kept in memory, and ages alike
     wait_until(lambda: time.time() - entry.written_at > staleness, "the entry is stale")
     # On a memcached miss.
     server.flush()
@@ -326,11 +329,19 @@ def test_an_entry_older_than_disk_max_staleness_is_not_served(
     assert on_disk(cache, "k") is not None
 
 
-@pytest.mark.parametrize("limit", [None, 0])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"disk_read_copies": 0},
+        # Reads answered from copies would not count for the eviction: none are kept.
+        {"disk_eviction_policy": "least-recently-used"},
+        {"disk_eviction_policy": "least-frequently-used"},
+    ],
+)
 def test_a_read_from_disk_keeps_a_copy_in_memory_within_disk_read_copies(
-    server: MemcachedServer, disk_directory: str, limit: int | None
+    server: MemcachedServer, disk_directory: str, options: dict[str, Any]
 ) -> None:
-    options = {} if limit is None else {"disk_read_copies": limit}
     cache = make_cache(server.location, disk_directory, **options)
     cache.set("k", "v" * 100)
     landed(cache)
@@ -338,7 +349,7 @@ def test_a_read_from_disk_keeps_a_copy_in_memory_within_disk_read_copies(
     assert cache.get("k") == "v" * 100  # a miss, answered from disk
     stats = cache.tier_stats()
     assert stats is not None
-    if limit == 0:
+    if options:
         assert (stats["read_copies"], stats["read_copies_bytes"]) == (0, 0)
     else:
         assert stats["read_copies"] == 1
@@ -348,6 +359,43 @@ def test_a_read_from_disk_keeps_a_copy_in_memory_within_disk_read_copies(
     landed(cache)
     server.flush()
     assert cache.get("k") == "w"
+
+
+def test_a_copy_in_memory_expires_with_its_entry(disk_directory: str) -> None:
+    location = f"127.0.0.1:{free_port()}"  # nothing listens here: every read is the disk's
+    cache = make_cache(location, disk_directory)
+    cache.set("k", "v", timeout=1)
+    assert cache.get("k") == "v"
+    assert cache.get("k") == "v"  # from the copy kept by the first read
+    store, wire = tiered(cache), cache.wire_key("k")
+    assert store.copies.get(wire, store.stamps.current(wire)) is not None
+    expire_at = time.time() + 1
+    wait_until(lambda: time.time() > expire_at + 0.01, "the entry expired", timeout=5)
+    assert cache.get("k") is None
+
+
+def test_a_copy_in_memory_misses_once_another_key_of_its_slot_was_written(
+    disk_directory: str,
+) -> None:
+    # Keys sharing a slot of the write stamps hide each other's older entries (a miss);
+    # their copies alike.
+    from django_fastcache.disk.stamps import slot_of
+
+    location = f"127.0.0.1:{free_port()}"
+    cache = make_cache(location, disk_directory)
+    seen: dict[int, str] = {}
+    for n in itertools.count():
+        name = f"key{n}"
+        slot = slot_of(cache.wire_key(name))
+        if slot in seen:
+            first, second = seen[slot], name
+            break
+        seen[slot] = name
+    cache.set(first, "first")
+    assert cache.get(first) == "first"  # copied
+    cache.set(second, "second")
+    assert cache.get(first) is None  # not "first", from its copy
+    assert cache.get(second) == "second"
 
 
 def test_a_node_that_is_out_is_not_connected_to(disk_directory: str) -> None:
