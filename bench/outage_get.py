@@ -11,6 +11,14 @@ Two workloads, each a figure in CPU µs per get (``time.thread_time``):
 * ``mixed``: a set after every nine gets, as cachebench's mix has them; only the gets are
   timed (a write between reads costs each tier's next read some of its caches).
 
+For instructions per get, free of the machine's noise, ``--only SUBJECT --calls N`` makes
+N gets of one subject (after the same fill and 500 gets of warm-up) and times nothing: run
+it under callgrind with two values of N and divide the difference of the main thread's
+totals by the difference of the Ns::
+
+    valgrind --tool=callgrind --separate-threads=yes \\
+        python bench/outage_get.py --only outage --calls 1000
+
 The ratio outage / diskcache is what cachebench's get median is held to (<= 1.2). The
 ``outage`` cache keeps copies of the entries it read in memory (``disk_read_copies``, on
 by default); ``no-copies`` is the same cache without them, every get a SQLite read.
@@ -87,6 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--ops", type=int, default=4000)
+    parser.add_argument("--only", choices=SUBJECTS, help="gets of this subject, untimed")
+    parser.add_argument("--calls", type=int, default=1000, help="with --only: how many")
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="fastcache-outage-get-")
     try:
@@ -94,6 +104,17 @@ def main() -> None:
         from django.core.cache import caches
 
         from django_fastcache import compiled
+
+        if args.only:
+            cache = caches[args.only]
+            for index in range(KEYS):
+                key = str(index).encode()
+                cache.set(key, key)
+            rng = random.Random(0)
+            get = cache.get
+            for _ in range(500 + args.calls):
+                get(str(rng.randrange(KEYS)).encode())
+            return
 
         for name in SUBJECTS:
             for index in range(KEYS):

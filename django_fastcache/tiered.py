@@ -269,14 +269,15 @@ class TieredStore:
         it.) Under the slot's current stamp, a copy kept in memory answers in place of a
         read from disk (:mod:`.disk.readcopies`), checked alike."""
         if stamp is None:
+            # Whether copies may answer, settled before the slot is read: a move to
+            # another table in between then shows as a stamp no copy holds.
+            hold = self._copies_hold()
             stamp = self.stamps.current(key)
             if not stamp & 1:  # not holds_value(stamp), inline
                 return None  # deleted, or never written: no entry answers, no need to look
             # The slot's current stamp: a copy read earlier answers as its entry would.
             # (Only then: under an older stamp, a newer write may have landed since.)
-            found = self.copies.get(key, stamp)
-            if found is not None and not self._copies_hold():
-                found = None
+            found = self.copies.get(key, stamp) if hold else None
             if found is None:
                 found = self._read(key, stamp)
                 if found is None:
@@ -310,11 +311,12 @@ class TieredStore:
         that process's write landed, under a stamp of the other table, and miss. So the
         copies answer only while a check made within CHECK_INTERVAL found the anchor in
         place, and are dropped when it did not (the window left: CHECK_INTERVAL, as for
-        the node states' files)."""
+        the node states' files). A ``stat`` that fails (other than for a missing file)
+        counts as a removed anchor here."""
         now = _monotonic()
         if now < self._copies_checked_until:
             return True
-        if self.stamps.replaced():
+        if self.stamps.replaced(unknown=True):
             self.copies.clear()
             return False
         self._copies_checked_until = now + CHECK_INTERVAL

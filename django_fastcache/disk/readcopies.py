@@ -6,10 +6,11 @@ and an entry answers only while the stamp it was written under is still its slot
 copy of an entry, kept with that stamp, may answer exactly when the entry itself may, and
 the read then costs a dict lookup instead of a SQLite query. The tier checks a copy as it
 checks an entry read from disk (the slot's stamp, then age, expiry and distrust), so a
-copy never answers where the entry would not. The differences: an entry the disk dropped
-to stay under its size limit, whose copy may still answer (it is still the key's latest
-write on this host); and the copies answer only while the tier found its stamps anchor in
-place lately (``TieredStore._copies_hold``: a process on a new anchor stamps another table).
+copy answers where the entry would, with two exceptions: an entry the disk no longer
+answers for another reason than its stamp (evicted to stay under the size limit, a read
+that failed) may still answer from its copy, which is still the key's latest write on this
+host; and a process on a new stamps anchor stamps another table, so the copies answer only
+while the tier found its own anchor in place lately (``TieredStore._copies_hold``).
 
 Bounded by ``limit`` bytes (values and keys, plus a fixed overhead per copy): when a new
 copy would pass it, every copy is dropped and they gather again (the keys read most come

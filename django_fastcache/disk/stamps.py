@@ -420,11 +420,13 @@ class WriteStamps:
             self._anchor[_A_ID] = 0  # not the directory's any more: nothing follows it
             return False
 
-    def replaced(self) -> bool:
+    def replaced(self, unknown: bool = False) -> bool:
         """Whether the anchor this process mapped is no longer the one at ``path``: the
         directory was made again, or the anchor alone was removed (it is written only when
         a table is made, so an age-based temp cleaner may take it while the processes run,
-        and the next process would make another table). One ``stat``."""
+        and the next process would make another table). One ``stat``; ``unknown`` is the
+        answer when it fails otherwise (the maintenance thread does not move for a failed
+        ``stat``; the tier's copies in memory do not answer after one)."""
         identity = self._identity
         if identity is None:
             return False
@@ -433,7 +435,7 @@ class WriteStamps:
         except (FileNotFoundError, NotADirectoryError):
             return True
         except OSError:
-            return False  # cannot tell
+            return unknown  # cannot tell
         return (info.st_dev, info.st_ino) != identity
 
     def touch(self) -> None:

@@ -759,6 +759,52 @@ def test_a_copy_does_not_answer_once_its_process_s_stamps_anchor_was_removed(
     assert log.stale_reads() == []
 
 
+def test_a_copy_does_not_answer_when_its_process_moves_between_the_check_and_the_slot(
+    server: MemcachedServer, directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above, but P's maintenance thread moves it to the new anchor while a read is under
+    # way, right after the read took k's slot from the old table: the read must not then
+    # find the anchor in place (it is, by then) and answer its copy under the old stamp.
+    from django_fastcache.disk.stamps import WriteStamps
+
+    log = Log()
+    older = make(server.location, directory, 0)
+    store = tier(older)
+    with _still(store):
+        log.set(older, 0, "k", 1)
+        assert store.flush(LANDING_WAIT)
+        server.flush()
+        # P's stamps, as a twin on the same (old) anchor, whose current() moves P to the
+        # directory's anchor right after the read's own look at the slot (the second of
+        # the get: get_now's look, then _answering's).
+        stamps = twin(store.stamps)
+        calls: list[int] = []
+        armed: list[bool] = []
+
+        def current(key: bytes) -> int:
+            stamp = WriteStamps.current(stamps, key)
+            calls.append(stamp)
+            if armed and len(calls) == 2:
+                assert stamps.reopen()
+            return stamp
+
+        monkeypatch.setattr(stamps, "current", current)
+        monkeypatch.setattr(store, "stamps", stamps)
+        assert log.get(older, 0, "k") == 1  # from disk, copied
+        os.unlink(stamps.path)
+        newer = make(server.location, directory, 1)
+        log.set(newer, 1, "k", 2)
+        assert tier(newer).flush(LANDING_WAIT)
+        server.flush()
+        calls.clear()
+        armed.append(True)
+        store._copies_checked_until = 0.0  # the check is due
+        assert log.get(older, 0, "k") in (None, 2)  # not 1, from the copy
+        assert len(calls) >= 2  # the move happened during that read
+        assert stamps.table_path == tier(newer).stamps.table_path
+    assert log.stale_reads() == []
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="the window docs/disk-tier.md describes: a removed anchor is found by the check of "

@@ -451,3 +451,17 @@ def test_a_child_forked_while_a_thread_followed_follows_too(anchor: str, shm: st
         if pid == 0:
             os._exit(0 if own.current(b"k") == stamp else 1)
     assert _exit_status(pid) == 0
+
+
+def test_an_anchor_that_cannot_be_checked_is_reported_as_asked(tmp_path: Path, shm: str) -> None:
+    # A stat failing otherwise than for a missing file (here: a symbolic link loop in the
+    # anchor's place): the maintenance thread does not move for it, the copies in memory
+    # do not answer after it.
+    anchor = str(tmp_path / "stamps.anchor")
+    stamps = WriteStamps(anchor, shm_root=shm)
+    assert stamps.replaced() is False
+    assert stamps.replaced(unknown=True) is False
+    os.unlink(anchor)
+    os.symlink(anchor, anchor)
+    assert stamps.replaced() is False
+    assert stamps.replaced(unknown=True) is True
