@@ -12,9 +12,9 @@ Two workloads, each a figure in CPU µs per get (``time.thread_time``):
   timed (a write between reads costs each tier's next read some of its caches).
 
 For instructions per get, free of the machine's noise, ``--only SUBJECT --calls N`` makes
-N gets of one subject (after the same fill and 500 gets of warm-up) and times nothing: run
-it under callgrind with two values of N and divide the difference of the main thread's
-totals by the difference of the Ns::
+N gets of one subject (after the same fill, a get of every key and 500 more) and times
+nothing: run it under callgrind with two values of N and divide the difference of the main
+thread's totals by the difference of the Ns::
 
     valgrind --tool=callgrind --separate-threads=yes \\
         python bench/outage_get.py --only outage --calls 1000
@@ -112,6 +112,8 @@ def main() -> None:
                 cache.set(key, key)
             rng = random.Random(0)
             get = cache.get
+            for index in range(KEYS):
+                get(str(index).encode())
             for _ in range(500 + args.calls):
                 get(str(rng.randrange(KEYS)).encode())
             return

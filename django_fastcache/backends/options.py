@@ -11,7 +11,7 @@ import difflib
 import math
 import pickle
 import ssl as _ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -294,36 +294,30 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
             )
         )
         raw.pop("protocol")
-    if "stale_while_revalidate" in raw and not (
-        _is_number(raw["stale_while_revalidate"]) and raw["stale_while_revalidate"] >= 0
-    ):
-        problems.append(
-            OptionProblem(
-                "django_fastcache.E017",
-                "stale_while_revalidate must be a number of seconds >= 0 (0: off).",
-            )
-        )
-        raw.pop("stale_while_revalidate")
-    if "disk_read_copies" in raw and not (
-        _is_int(raw["disk_read_copies"]) and raw["disk_read_copies"] >= 0
-    ):
-        problems.append(
-            OptionProblem(
-                "django_fastcache.E020",
-                "disk_read_copies must be a number of bytes >= 0 (0: no copies kept).",
-            )
-        )
-        raw.pop("disk_read_copies")
-    if "stale_on_delete" in raw and not (
-        _is_number(raw["stale_on_delete"]) and raw["stale_on_delete"] >= 0
-    ):
-        problems.append(
-            OptionProblem(
-                "django_fastcache.E018",
-                "stale_on_delete must be a number of seconds >= 0 (0: off).",
-            )
-        )
-        raw.pop("stale_on_delete")
+
+    def not_negative(name: str, kind: Callable[[Any], bool], code: str, message: str) -> None:
+        if name in raw and not (kind(raw[name]) and raw[name] >= 0):
+            problems.append(OptionProblem(code, message))
+            raw.pop(name)
+
+    not_negative(
+        "stale_while_revalidate",
+        _is_number,
+        "django_fastcache.E017",
+        "stale_while_revalidate must be a number of seconds >= 0 (0: off).",
+    )
+    not_negative(
+        "disk_read_copies",
+        _is_int,
+        "django_fastcache.E020",
+        "disk_read_copies must be a number of bytes >= 0 (0: no copies kept).",
+    )
+    not_negative(
+        "stale_on_delete",
+        _is_number,
+        "django_fastcache.E018",
+        "stale_on_delete must be a number of seconds >= 0 (0: off).",
+    )
     if raw.get("stale_on_delete", 0) > 0:
         if raw.get("disk_tier", True):
             problems.append(
