@@ -270,8 +270,9 @@ class TieredStore:
         read from disk (:mod:`.disk.readcopies`), checked alike."""
         if stamp is None:
             # Whether copies may answer, settled before the slot is read: a move to
-            # another table in between then shows as a stamp no copy holds.
-            hold = self._copies_hold()
+            # another table in between then shows as a stamp no copy holds. (No copies
+            # kept: nothing to check.)
+            hold = self.copies.limit > 0 and self._copies_hold()
             stamp = self.stamps.current(key)
             if not stamp & 1:  # not holds_value(stamp), inline
                 return None  # deleted, or never written: no entry answers, no need to look

@@ -166,6 +166,16 @@ def directory(tmp_path: Path) -> Iterator[str]:
     forget_stacks(path)
 
 
+def _landed_then_lost(
+    log: Log, server: MemcachedServer, cache: FastCache, process: int, key: str, value: int
+) -> None:
+    """``process`` writes ``key``; its disk copy lands; memcached loses the key (its next
+    read is answered from disk)."""
+    log.set(cache, process, key, value)
+    assert tier(cache).flush(LANDING_WAIT)
+    server.flush()
+
+
 @contextlib.contextmanager
 def _still(store: TieredStore) -> Iterator[None]:
     """The block runs with ``store``'s process kept from moving by its maintenance thread
@@ -570,15 +580,11 @@ def test_a_process_on_a_deleted_directory_misses_rather_than_answering_its_old_c
     older = make(server.location, directory, 0)
     store = tier(older)
     with _still(store):  # the test moves P itself, after its read
-        log.set(older, 0, "k", 1)
-        assert store.flush(LANDING_WAIT)
-        server.flush()
+        _landed_then_lost(log, server, older, 0, "k", 1)
         assert log.get(older, 0, "k") == 1  # from disk: P's reading connection is open
         shutil.rmtree(directory)
         newer = make(server.location, directory, 1)
-        log.set(newer, 1, "k", 2)
-        assert tier(newer).flush(LANDING_WAIT)
-        server.flush()
+        _landed_then_lost(log, server, newer, 1, "k", 2)
         store.states._next_check = 0.0  # P's next read from disk checks the files
         assert log.get(older, 0, "k") is None  # not 1, from the removed files
         assert log.get(newer, 1, "k") == 2  # Q's files answer for Q (and refill it)
@@ -611,14 +617,10 @@ def test_a_copy_of_a_disk_entry_never_answers_once_another_process_wrote_its_key
     def copied() -> bool:
         return store.copies.get(wire, store.stamps.current(wire)) is not None
 
-    log.set(older, 0, "k", 1)
-    assert store.flush(LANDING_WAIT)
-    server.flush()
+    _landed_then_lost(log, server, older, 0, "k", 1)
     assert log.get(older, 0, "k") == 1  # a miss, answered from disk
     assert copied()
-    log.set(newer, 1, "k", 2)
-    assert tier(newer).flush(LANDING_WAIT)
-    server.flush()
+    _landed_then_lost(log, server, newer, 1, "k", 2)
     assert not copied()
     assert log.get(older, 0, "k") == 2  # not 1, from the copy
     server.kill()
@@ -743,16 +745,12 @@ def test_a_copy_does_not_answer_once_its_process_s_stamps_anchor_was_removed(
     store = tier(older)
     wire = older.wire_key("k")
     with _still(store):  # P stays on the removed anchor: the test moves it
-        log.set(older, 0, "k", 1)
-        assert store.flush(LANDING_WAIT)
-        server.flush()
+        _landed_then_lost(log, server, older, 0, "k", 1)
         assert log.get(older, 0, "k") == 1  # from disk, copied
         assert store.copies.get(wire, store.stamps.current(wire)) is not None
         os.unlink(store.stamps.path)
         newer = make(server.location, directory, 1)
-        log.set(newer, 1, "k", 2)
-        assert tier(newer).flush(LANDING_WAIT)
-        server.flush()
+        _landed_then_lost(log, server, newer, 1, "k", 2)
         store._copies_checked_until = 0.0  # the check is due, as CHECK_INTERVAL on
         assert log.get(older, 0, "k") is None  # not 1, from the copy
         assert len(store.copies) == 0  # dropped with the anchor
@@ -771,9 +769,7 @@ def test_a_copy_does_not_answer_when_its_process_moves_between_the_check_and_the
     older = make(server.location, directory, 0)
     store = tier(older)
     with _still(store):
-        log.set(older, 0, "k", 1)
-        assert store.flush(LANDING_WAIT)
-        server.flush()
+        _landed_then_lost(log, server, older, 0, "k", 1)
         # P's stamps, as a twin on the same (old) anchor, whose current() moves P to the
         # directory's anchor right after the read's own look at the slot (the second of
         # the get: get_now's look, then _answering's).
@@ -793,9 +789,7 @@ def test_a_copy_does_not_answer_when_its_process_moves_between_the_check_and_the
         assert log.get(older, 0, "k") == 1  # from disk, copied
         os.unlink(stamps.path)
         newer = make(server.location, directory, 1)
-        log.set(newer, 1, "k", 2)
-        assert tier(newer).flush(LANDING_WAIT)
-        server.flush()
+        _landed_then_lost(log, server, newer, 1, "k", 2)
         calls.clear()
         armed.append(True)
         store._copies_checked_until = 0.0  # the check is due
