@@ -51,11 +51,15 @@ def configure(location: str, directory: str) -> None:
             "fastcache": {
                 "BACKEND": "django_fastcache.backends.FastCache",
                 "LOCATION": location,
+                # Each subject its own keys: the others' sets and deletes on the same
+                # memcached would otherwise turn the tiered subject's hits into misses.
+                "KEY_PREFIX": "fastcache",
                 "OPTIONS": {"disk_tier": False},
             },
             "tiered": {
                 "BACKEND": "django_fastcache.backends.FastCache",
                 "LOCATION": location,
+                "KEY_PREFIX": "tiered",
                 "OPTIONS": {"disk_directory": os.path.join(directory, "tiered")},
             },
             "outage": {

@@ -276,9 +276,14 @@ class FastCache(BaseCache):
         self._wire_keys: dict[str | bytes, bytes] = {}
         # memcached's exptime for the default timeout, when it is a plain relative one.
         self._default_exptime: int | None = None
+        # And as seconds to live, for the disk tier's writes. (seconds_to_live would cap it
+        # at the latest time memcached can hold, which lies more than 30 days ahead until
+        # December 2037.)
+        self._default_ttl: float | None = None
         default = self.default_timeout
         if type(default) is int and 0 < default <= MAX_RELATIVE_EXPIRY:
             self._default_exptime = default
+            self._default_ttl = float(default)
 
     # -- plumbing ------------------------------------------------------------------------
     def _shared(self) -> Shared:
@@ -356,6 +361,8 @@ class FastCache(BaseCache):
     def _ttl(self, timeout: float | object | None) -> float | None:
         """Django's timeout as seconds to live: None forever, 0 already expired."""
         if timeout is DEFAULT_TIMEOUT:
+            if self._default_ttl is not None:
+                return self._default_ttl
             timeout = self.default_timeout
         assert timeout is None or isinstance(timeout, (int, float))
         return seconds_to_live(timeout, time.time())

@@ -3,7 +3,7 @@
 The disk tier is written behind memcached (:mod:`.writebehind`): a write is acknowledged once
 memcached has it, and its disk copy lands a little later. So that a disk entry older than
 an acknowledged write or delete is never served, every write and delete first *stamps* its
-key: it puts a new random 64-bit stamp in the key's slot of a table in shared memory (a
+key: it puts a new random 62-bit stamp in the key's slot of a table in shared memory (a
 hash of the key picks one of about a million slots). A disk entry carries the stamp it was
 written under, and it answers a read only while that stamp is still its slot's. The writer
 behind lands a write only while its stamp is still current, so one that was overtaken is
@@ -132,6 +132,11 @@ _random: Final = random.Random()
 os.register_at_fork(after_in_child=_random.seed)
 _random_bits: Final = _random.getrandbits
 _crc32: Final = zlib.crc32
+#: Bits of a stamp and of a table's id. Not 64: compiled, an int of up to 62 bits is a
+#: machine integer, a wider one a Python object, made and compared through the
+#: interpreter's calls on every write (about 1,500 instructions of a tiered set). A table
+#: stores any width, so processes drawing 64-bit stamps can share it.
+STAMP_BITS: Final = 62
 
 
 def holds_value(stamp: int) -> bool:
@@ -303,7 +308,7 @@ def _open_table(path: str, ident: int) -> tuple[mmap.mmap | None, str]:
 
 
 def _new_id() -> int:
-    return _random.getrandbits(64) or 1
+    return _random.getrandbits(STAMP_BITS) or 1
 
 
 class _Opened:
@@ -370,7 +375,7 @@ class WriteStamps:
         :class:`StampsUnavailable` when the anchor's table cannot be followed now."""
         if self._anchor[_A_ID] != self._id and not self._follow():
             raise self._unavailable()
-        stamp = _random_bits(64)
+        stamp = _random_bits(STAMP_BITS)
         stamp = (stamp & ~1) | 2 if gone else stamp | 1
         self._words[_HEADER_WORDS + (_crc32(key) & _SLOT_MASK)] = stamp
         return stamp

@@ -46,6 +46,24 @@ def test_two_instances_on_one_anchor_stamp_one_table_in_shared_memory(
     assert os.listdir(os.path.dirname(anchor)) == ["stamps.anchor"]  # nothing else on disk
 
 
+def test_stamps_and_table_ids_take_62_bits_and_a_wider_stamp_still_matches(
+    anchor: str, shm: str
+) -> None:
+    """Stamps and table ids are drawn in STAMP_BITS bits (compiled, they then stay machine
+    integers), over the whole width; a table word holds any 64-bit value, so a process that
+    draws wider stamps (an earlier release) shares the table with this one."""
+    first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    drawn = [first.bump(b"k%d" % n, gone=n % 2 == 0) for n in range(2000)]
+    assert max(drawn) < 2**stamps.STAMP_BITS
+    assert max(drawn) >= 2 ** (stamps.STAMP_BITS - 8)  # not a narrower draw
+    assert 0 < first._id < 2**stamps.STAMP_BITS
+    assert second._id == first._id
+    wide = 2**64 - 1  # a write's stamp (lowest bit set) of the full width
+    first._words[stamps.slot_of(b"wide")] = wide
+    assert second.current(b"wide") == wide
+    assert stamps.holds_value(second.current(b"wide"))
+
+
 def test_the_default_root_is_dev_shm(anchor: str) -> None:
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm here")
