@@ -276,9 +276,9 @@ class FastCache(BaseCache):
         self._wire_keys: dict[str | bytes, bytes] = {}
         # memcached's exptime for the default timeout, when it is a plain relative one.
         self._default_exptime: int | None = None
-        # And as seconds to live, for the disk tier's writes. (seconds_to_live would cap it
-        # at the latest time memcached can hold, which lies more than 30 days ahead until
-        # December 2037.)
+        # And as seconds to live (_ttl), asked on every tiered write. (seconds_to_live would
+        # cap it at the latest time memcached can hold, which lies more than 30 days ahead
+        # until December 2037.)
         self._default_ttl: float | None = None
         default = self.default_timeout
         if type(default) is int and 0 < default <= MAX_RELATIVE_EXPIRY:

@@ -3,11 +3,11 @@
 The disk tier is written behind memcached (:mod:`.writebehind`): a write is acknowledged once
 memcached has it, and its disk copy lands a little later. So that a disk entry older than
 an acknowledged write or delete is never served, every write and delete first *stamps* its
-key: it puts a new random 62-bit stamp in the key's slot of a table in shared memory (a
-hash of the key picks one of about a million slots). A disk entry carries the stamp it was
-written under, and it answers a read only while that stamp is still its slot's. The writer
-behind lands a write only while its stamp is still current, so one that was overtaken is
-skipped.
+key: it puts a new 62-bit stamp, random but for its lowest bits, in the key's slot of a
+table in shared memory (a hash of the key picks one of about a million slots). A disk entry
+carries the stamp it was written under, and it answers a read only while that stamp is
+still its slot's. The writer behind lands a write only while its stamp is still current, so
+one that was overtaken is skipped.
 
 Properties the tier relies on:
 

@@ -33,9 +33,10 @@ from .store import DiskError, DiskStore, Landing
 #: for one write as for a hundred (one transaction per shard), and far more when other
 #: processes commit to the same shards meanwhile (each transaction then reads again what
 #: they changed): at cachebench's pace, 8 processes on 2 vCPUs, 0.2 s cost the writer 2.3
-#: times the CPU of 1 s, and 2 s about half of 1 s (more of a batch's writes were overtaken
-#: by then, by this process or another, and are skipped without a statement). A longer lag
-#: only means more misses on disk, never older values.
+#: times the CPU of 1 s, and 2 s a little over half of 1 s (half the transactions, and
+#: more of a batch's writes overtaken by then, by this process or another, which are
+#: skipped without a statement). A longer lag only means more misses on disk, never older
+#: values.
 INTERVAL = 2.0
 #: Writes that land at once, without waiting out the interval: a burst lands in batches of
 #: about this many (the batch's Python work stays short, and the queue far from full).
