@@ -43,18 +43,36 @@ T = TypeVar("T")
 _HEADER = struct.Struct("<IdQ")
 #: Values from this size on are kept by diskcache in files of their own.
 _FILE_THRESHOLD = 2**15
-# Values written behind land with one statement per batch (diskcache's own set takes a
+# Values written behind land with upserts of many rows each (diskcache's own set takes a
 # SELECT and an UPDATE or INSERT per value): the row as diskcache's set would leave it for
 # a small value kept in the database (MODE_RAW, size 0, no file, no tag). A row that holds
 # a file is left to diskcache's own calls, which remove the file.
-_UPSERT = (
-    "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag,"
-    " size, mode, filename, value) VALUES (?, 1, ?, ?, ?, 0, NULL, 0, 1, NULL, ?)"
+_UPSERT_ROW = "(?, 1, ?, ?, ?, 0, NULL, 0, 1, NULL, ?)"
+_UPSERT_CONFLICT = (
     " ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time,"
     " expire_time = excluded.expire_time, access_time = excluded.access_time,"
     " access_count = 0, tag = NULL, size = 0, mode = 1, filename = NULL,"
     " value = excluded.value WHERE Cache.filename IS NULL"
 )
+
+
+def _upsert(rows: int) -> str:
+    """The upsert of ``rows`` rows in one statement."""
+    return (
+        "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag,"
+        " size, mode, filename, value) VALUES " + ",".join([_UPSERT_ROW] * rows) + _UPSERT_CONFLICT
+    )
+
+
+#: Rows per upsert statement: 64, then the rest in powers of two (seven statements in
+#: SQLite's statement cache, whatever the batch). One statement runs its rows in one step,
+#: with the interpreter's lock let go throughout, where ``executemany`` takes the lock back
+#: between rows, and a request thread waiting for it can wait behind the writer for as long
+#: as the writer keeps taking it back (measured: a request thread beside a writer landing
+#: without pause ran 25% more requests; each row costs about a tenth less CPU). 64 rows are
+#: 320 parameters, within SQLite's limit of 999 before 3.32.
+_UPSERT_SIZES: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1)
+_UPSERTS: dict[int, str] = {rows: _upsert(rows) for rows in _UPSERT_SIZES}
 
 # A read takes the two columns it needs (each more column costs, per read): a row kept in
 # the database holds the bytes (mode raw: the tier writes nothing else there); one whose
@@ -84,7 +102,7 @@ _yield_gil = functools.partial(time.sleep, 0)
 
 #: A write behind: (key, stamp, data or None for a delete, flags, expire_at, written_at).
 Landing = tuple[bytes, int, bytes | None, int, float | None, float]
-#: A row of :data:`_UPSERT`: key, store time, expire time, access time, value.
+#: A row of the upserts (:func:`_upsert`): key, store time, expire time, access time, value.
 _Row = tuple[bytes | bytearray, float, float | None, float, bytes | bytearray]
 
 # The process id, kept current by a fork hook instead of a getpid() per operation: SQLite
@@ -517,13 +535,29 @@ def _land_rows(
     file)."""
     with_files: set[bytes] = set()
     # An upsert changes one row unless the row holds a file: only then look for them.
-    if upserts and con.executemany(_UPSERT, upserts).rowcount != len(upserts):
+    if upserts and _upsert_all(con, upserts) != len(upserts):
         with_files |= _keys_with_files(con, [row[0] for row in upserts])
     if deletes:
         # A row the delete left may hold a file, or not exist: only a read tells which.
         con.executemany(_DELETE, deletes)
         with_files |= _keys_with_files(con, [row[0] for row in deletes])
     return with_files
+
+
+def _upsert_all(con: Any, rows: list[_Row]) -> int:
+    """Upsert ``rows`` in statements of :data:`_UPSERT_SIZES` rows; the rows changed."""
+    changed = 0
+    first = 0
+    left = len(rows)
+    for size in _UPSERT_SIZES:
+        while left >= size:
+            chunk = rows[first : first + size]
+            changed += con.execute(
+                _UPSERTS[size], [field for row in chunk for field in row]
+            ).rowcount
+            first += size
+            left -= size
+    return changed
 
 
 def _keys_with_files(con: Any, keys: list[bytes | bytearray]) -> set[bytes]:

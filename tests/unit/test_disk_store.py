@@ -132,3 +132,38 @@ def test_keys_go_to_the_shard_diskcache_places_them_in(tmp_path: Path) -> None:
         assert len({store.shard_of(k) for k in keys}) == 8
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("count", [1, 63, 64, 65, 127, 200])
+def test_a_batch_lands_every_row_whatever_its_size(tmp_path: Path, count: int) -> None:
+    """A batch's values land in upserts of up to 64 rows each, the rest in smaller ones:
+    every row lands once, with its own value, stamp and expiry, and the rows that hold a
+    file (here the second, whatever the batch) go to diskcache's own calls."""
+    store = DiskStore(str(tmp_path / "values"), shards=1)
+    keys = [b"k%d" % n for n in range(count)]
+    stamps = {key: 2 * n + 1 for n, key in enumerate(keys)}
+    try:
+        if count > 1:  # a row holding a file, replaced by a small value below
+            assert store.land([(keys[1], 1, b"L" * 2**16, 0, None, 1.0)], {keys[1]: 1}.get) == (
+                1,
+                0,
+            )
+        expire_at = time.time() + 3600
+        landed = store.land(
+            [(key, stamps[key], b"v" + key, 7, expire_at, 2.0) for key in keys],
+            stamps.__getitem__,
+        )
+        assert landed == (count, 0)
+        for key in keys:
+            entry = store.get(key)
+            assert entry is not None
+            assert (entry.data, entry.flags, entry.stamp, entry.written_at) == (
+                b"v" + key,
+                7,
+                stamps[key],
+                2.0,
+            )
+            assert entry.expire_at == pytest.approx(expire_at, abs=1.0)
+        assert _files(tmp_path) == []
+    finally:
+        store.close()
