@@ -70,11 +70,11 @@ def _upsert(rows: int) -> str:
 #: parameters holds it), where ``executemany`` takes the lock back after every row; so the
 #: writer takes it back at most seven times per shard while it holds the shard's lock.
 #: Whether a request thread beside the writer waits less for the lock is not settled
-#: (bench/writer_beside_requests.py, two runs: 8,297 against 8,957 gets a second, then
-#: 8,371 against 4,403). Seven statements in each connection's statement cache, whatever
-#: the batch (about 0.3 MB); statements of every size up to 64 would save some 1,600 more
-#: instructions per write, for about 2.5 MB per connection. 64 rows are 320 parameters,
-#: within SQLite's limit of 999 before 3.32.
+#: (bench/writer_beside_requests.py measures it; docs/benchmarks.md has its runs). Seven
+#: statements in each connection's statement cache, whatever the batch (about 0.3 MB);
+#: statements of every size up to 64 would save some 1,600 more instructions per write,
+#: for about 2.5 MB per connection. 64 rows are 320 parameters, within SQLite's limit of
+#: 999 before 3.32.
 _UPSERT_SIZES: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1)
 _UPSERTS: dict[int, str] = {rows: _upsert(rows) for rows in _UPSERT_SIZES}
 
