@@ -54,7 +54,7 @@ from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
 from .disk.nodestate import CHECK_INTERVAL
 from .disk.readcopies import LIMIT as READ_COPIES
 from .disk.readcopies import ReadCopies
-from .disk.stamps import WriteStamps, holds_value
+from .disk.stamps import WriteStamps, holds_value, slot_of
 from .disk.store import Fields
 from .disk.writebehind import INTERVAL, WriteBehind
 from .errors import (
@@ -685,7 +685,8 @@ class TieredStore:
         node = self.cluster.node_index(key)
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
-                stamp = self.stamps.bump(key)
+                slot = slot_of(key)
+                stamp = self.stamps.bump_slot(slot)
                 now = _now()
                 try:
                     stored = self.blocking.store_now(
@@ -701,11 +702,11 @@ class TieredStore:
                     stamps = self.stamps
                     if ttl is not None and ttl <= 0:
                         self._queue(key, stamp, data, flags, ttl, now)
-                    elif stamps.current(key) == stamp:
+                    elif stamps.current_slot(slot) == stamp:
                         expire_at = None if ttl is None else now + ttl
                         self.behind.put(key, stamp, data, flags, expire_at, now)
                     else:
-                        stamps.bump(key, gone=True)
+                        stamps.bump_slot(slot, gone=True)
                     return True
             done, result = self._out_write(node, key, data, flags, ttl)
             if done:
@@ -1039,9 +1040,11 @@ class TieredStore:
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
+                stamps = self.stamps
+                slot = slot_of(key)
                 # (The flat path: no call for a first attempt.)
-                prev = self._before(key, bumped) if bumped else self.stamps.current(key)
-                stamp = self.stamps.bump(key, gone=True)
+                prev = self._before(key, bumped) if bumped else stamps.current_slot(slot)
+                stamp = stamps.bump_slot(slot, gone=True)
                 bumped[:] = [prev, stamp]
                 try:
                     deleted = self.blocking.delete_now(key, True)
@@ -1049,10 +1052,10 @@ class TieredStore:
                     self._memcached_failed(node, exc, read=False)
                 else:
                     # The disk copy, for the writer behind (_behind, inline: the flat path).
-                    if self.stamps.current(key) == stamp:
+                    if stamps.current_slot(slot) == stamp:
                         self.behind.put(key, stamp, None, 0, None, _now())
                     else:
-                        self.stamps.bump(key, gone=True)
+                        stamps.bump_slot(slot, gone=True)
                     # Not in memcached: it existed if get would have found it on disk.
                     return deleted or self._on_disk(key, prev) is not None
             done, result = self._out_write(node, key, None, 0, None, bumped)

@@ -7,6 +7,10 @@ or node states. What works in both builds is a twin: another instance of the
 collaborator's class over the same cluster, stamp table or state files, made from an
 interpreted subclass (whose methods are looked up per call, as Python does), with some
 methods replaced. The store is given the twin, and the original back afterwards.
+
+A twin of the write stamps whose ``bump`` or ``current`` is replaced is not called by the
+tier's flat ``set_now`` and ``delete_now`` while the node is up: those call ``bump_slot``
+and ``current_slot`` (which ``bump`` and ``current`` call in turn).
 """
 
 from __future__ import annotations

@@ -373,19 +373,31 @@ class WriteStamps:
         """Give ``key``'s slot a new stamp (before the write is acknowledged); return it.
         ``gone``: the key is deleted (or its disk copy lost): a delete's stamp.
         :class:`StampsUnavailable` when the anchor's table cannot be followed now."""
-        if self._anchor[_A_ID] != self._id and not self._follow():
-            raise self._unavailable()
-        stamp = _random_bits(STAMP_BITS)
-        stamp = (stamp & ~1) | 2 if gone else stamp | 1
-        self._words[_HEADER_WORDS + (_crc32(key) & _SLOT_MASK)] = stamp
-        return stamp
+        return self.bump_slot(slot_of(key), gone)
 
     def current(self, key: bytes) -> int:
         """The stamp of ``key``'s slot now (0: never written, or the anchor's table cannot
         be followed: nothing on disk answers then)."""
+        return self.current_slot(slot_of(key))
+
+    # A call that reads and stamps one key's slot several times finds the slot once (the
+    # checksum is most of a look's cost) and passes it to these. A slot is the same in
+    # every table, so one found before a move to another table is still the key's after.
+    def bump_slot(self, slot: int, gone: bool = False) -> int:
+        """:meth:`bump` of the slot :func:`slot_of` gave (a word's index in the table, its
+        header's words counted: no other number may be passed)."""
+        if self._anchor[_A_ID] != self._id and not self._follow():
+            raise self._unavailable()
+        stamp = _random_bits(STAMP_BITS)
+        stamp = (stamp & ~1) | 2 if gone else stamp | 1
+        self._words[slot] = stamp
+        return stamp
+
+    def current_slot(self, slot: int) -> int:
+        """:meth:`current` of the slot :func:`slot_of` gave (as for :meth:`bump_slot`)."""
         if self._anchor[_A_ID] != self._id and not self._follow():
             return 0
-        stamp: int = self._words[_HEADER_WORDS + (_crc32(key) & _SLOT_MASK)]
+        stamp: int = self._words[slot]
         return stamp
 
     def reset(self) -> None:

@@ -509,12 +509,17 @@ def test_touch_changes_the_expiry_in_both_tiers(cache: FastCache, raw: Raw) -> N
 
 def test_delete_and_delete_many_remove_from_both_tiers(cache: FastCache, raw: Raw) -> None:
     cache.set_many({"a": 1, "b": 2, "c": 3, "d": 4})
+    landed(cache)
     assert cache.delete("a") is True
     assert both_tiers(cache, raw, "a") == (None, None)
     assert cache.delete("a") is False
     cache.delete_many(["b", "c", "absent"])
     for key in ("b", "c"):
         assert both_tiers(cache, raw, key) == (None, None)
+    # The deletes' disk copies landed: the rows are gone, not only hidden by their stamps.
+    disk = tiered(cache).disk
+    assert [disk.get(cache.wire_key(key)) for key in ("a", "b", "c")] == [None] * 3
+    assert disk.get(cache.wire_key("d")) is not None
     assert both_tiers(cache, raw, "d") == (encoded(cache, 4),) * 2
 
 

@@ -110,6 +110,34 @@ def test_an_anchor_removed_under_the_processes_is_noticed_and_the_first_to_move_
     assert not other.replaced()
 
 
+def test_a_slot_found_before_the_table_moved_stamps_and_reads_the_key_in_the_new_table(
+    anchor: str, shm: str
+) -> None:
+    # A tiered set or delete finds its key's slot once, then stamps and reads it by slot
+    # around the round trip to memcached; the process may move to another table in between.
+    mover, reader, writer = (WriteStamps(anchor, shm_root=shm) for _ in range(3))
+    slot = stamps.slot_of(b"k")
+    assert mover.bump_slot(slot) == reader.current(b"k")
+    assert reader.bump(b"k", gone=True) == mover.current_slot(slot)
+    assert mover.bump(b"j") != mover.current_slot(slot)  # another key's slot
+    os.unlink(anchor)
+    newer = WriteStamps(anchor, shm_root=shm)  # a process started afterwards
+    old_table = mover.table_path
+    mover.bump_slot(slot)  # stamped in the table it maps, before it notices
+    mover.reopen()
+    assert mover.table_path == newer.table_path != old_table
+    assert mover.current_slot(slot) == newer.current(b"k") == 0  # the new table's, unwritten
+    written = mover.bump_slot(slot)
+    assert newer.current(b"k") == written
+    assert stamps.holds_value(written)
+    # The others follow the anchor the mover marked, each at its first call: a read, a write.
+    assert reader.current_slot(slot) == written
+    deleted = writer.bump_slot(slot, gone=True)
+    assert writer.table_path == newer.table_path
+    assert newer.current(b"k") == deleted == mover.current_slot(slot)
+    assert not stamps.holds_value(deleted)
+
+
 def test_reopen_on_the_directory_s_anchor_moves_nobody(anchor: str, shm: str) -> None:
     first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
     table = first.table_path
