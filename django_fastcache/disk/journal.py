@@ -112,10 +112,11 @@ class Journal:
         """Copy what the replaced file holds into the journal at the path (made again if
         need be) and return the new connection, inside a transaction (``BEGIN IMMEDIATE``).
 
-        The nodes concerned are marked out again: another process may have found the new,
-        empty journal and brought them back meanwhile, and they must be replayed with these
-        keys before they serve again. A replaced file that cannot be read leaves "flush"
-        marks for every node instead (losing a node's content is safe, an old value not)."""
+        The nodes concerned are marked out again, in the directory's node states: another
+        process may have found the new, empty journal and brought them back meanwhile, and
+        they must be replayed with these keys before they serve again. A replaced file that
+        cannot be read leaves "flush" marks for every node instead (losing a node's content
+        is safe, an old value not)."""
         old = self._connection
         assert old is not None
         try:
@@ -133,6 +134,12 @@ class Journal:
             connection.executemany("INSERT OR IGNORE INTO journal (node, key) VALUES (?, ?)", rows)
         except sqlite3.Error as exc:
             raise DiskError(f"cannot carry the outage journal over to {self.path}: {exc}") from exc
+        if self.on_transaction is not None:
+            # On the node states every process reads now: removed with the journal, those
+            # this process maps may be a copy no other process reads any more (the cleaner
+            # struck after this transaction's own check), and a node marked out there
+            # only would be brought back, and read, without these keys replayed.
+            self.on_transaction()
         if self.mark_out is not None:
             for node_id in {node_id for node_id, _key in rows}:
                 self.mark_out(node_id)

@@ -151,6 +151,20 @@ class History:
         violations.sort(key=lambda v: v.read.start)
         return violations
 
+    def outages_seen(self) -> list[tuple[int, float]]:
+        """The interval of every operation that found the node out (a read answered from
+        disk as a fallback, a journaled write): the node went out at a moment no later
+        than its end, and no earlier than the start of any operation that memcached
+        answered after it. Outages the runner did not inject (a node judged out under
+        load) are losses as much as its own: a write memcached acknowledged just before
+        may be gone with its disk copy still queued."""
+        c = self.columns
+        return [
+            (start, float(end))
+            for start, end, source in zip(c["start"], c["end"], c["source"])
+            if source in (FALLBACK, JOURNALED)
+        ]
+
     @staticmethod
     def count(starts: list[int], since: int, until: int) -> int:
         return bisect.bisect_right(starts, until) - bisect.bisect_left(starts, since)
@@ -449,8 +463,10 @@ def run(
     outcome = RunResult(elapsed, processes, seed, history, events, errors, stats)
     outcome.unknown_outcomes = unknown_outcomes
     log(f"checking {len(history)} operations")
-    # Each outage may have lost any key whose disk copy was in flight, until it was over.
+    # Each outage may have lost any key whose disk copy was in flight, until it was over:
+    # those the runner injected, and those the workers found (a node judged out under load).
     losses = [(event.start, float(event.recovered or math.inf)) for event in events]
+    losses += history.outages_seen()
     found = history.check(losses)
     outcome.violations = [v for v in found if v.kind != STALE_NOTHING]
     outcome.misses = [v for v in found if v.kind == STALE_NOTHING]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 
 import pytest
 
@@ -23,6 +24,9 @@ from .checker import (
     check,
     format_violation,
 )
+from .runner import History
+from .worker import COLUMNS, JOURNALED, MEMCACHED
+from .worker import KINDS as WORKER_KINDS
 
 
 def op(process: int, kind: str, value: int | None, start: int, end: int, *, key: str = "k",
@@ -408,3 +412,24 @@ def test_an_increment_while_an_add_ran_does_not_hide_the_adds_value() -> None:
     # its lease and replaces it, after the increment.
     assert kinds([op(0, SET, 10, 0, 1), op(1, INVALIDATE, None, 2, 3), op(0, ADD, 20, 4, 10),
                   op(2, INCR, 11, 5, 6), op(1, GET, 20, 11, 12)]) == []  # fmt: skip
+
+
+def test_an_outage_the_workers_found_is_a_loss_like_an_injected_one() -> None:
+    # The soak's case: a node judged out under load, outside any injected fault. A set that
+    # memcached acknowledged (its disk copy still queued) while an add was journaled; the
+    # add took, and its value was read after.
+    rows = [
+        (ADD, 10, 0, 10, JOURNALED),
+        (SET, 20, 2, 3, MEMCACHED),
+        (GET, 10, 11, 12, MEMCACHED),
+    ]
+    log = {name: array(code) for name, code in COLUMNS.items()}
+    for kind, value, start, end, source in rows:
+        for name, item in zip(
+            COLUMNS, (WORKER_KINDS.index(kind), 0, value, start, end, 1, source), strict=True
+        ):
+            log[name].append(item)
+    history = History([log], ["k"])
+    assert history.outages_seen() == [(0, 10.0)]
+    assert [v.kind for v in history.check()] == [STALE_VALUE]
+    assert history.check(history.outages_seen()) == []

@@ -653,6 +653,64 @@ def test_a_process_still_on_removed_state_files_never_journals_past_a_replay(
     assert b.get("key") in ("latest", None)
 
 
+def test_a_journal_removed_while_a_write_commits_sends_its_keys_to_the_replay_of_the_new_one(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """A temp cleaner removes the journal and the node states while process B's journaled
+    write is in its transaction (B already read the node states). Meanwhile process A moves
+    to the new files, replays the new, empty journal and marks the node up there. B finds
+    its committed journal removed and carries the key over: the node must go out again on
+    the files every process reads now, not on the removed ones only B still maps, or A
+    reads the value B's write replaced. (Found by a soak: 281 reads of older values.)"""
+    from django_fastcache.maintenance import check_files, maintenance
+
+    a = make_cache([server.location], disk_directory)
+    b = make_cache([server.location], disk_directory, max_connections=3)
+    tier_a, tier_b = a._shared().tiered, b._shared().tiered
+    assert tier_a is not None
+    assert tier_b is not None
+    for tier in (tier_a, tier_b):
+        maintenance.unregister(tier)  # this test drives both
+    follow_b = tier_b.journal.on_transaction
+    assert follow_b is not None
+
+    def cleaner_and_a_meanwhile() -> None:
+        follow_b()  # B's own check: the files are still the directory's
+        tier_b.journal.on_transaction = follow_b
+        nodes = os.path.join(disk_directory, "nodes")
+        for path in [os.path.join(nodes, name) for name in os.listdir(nodes)] + [
+            os.path.join(disk_directory, n)
+            for n in os.listdir(disk_directory)
+            if n.startswith("journal")
+        ]:
+            os.unlink(path)
+        check_files(tier_a)  # A moves: the node is out on the new files too
+        tier_a.replay_settle = 0.0
+        assert tier_a.bring_back(0) == 0  # nothing journaled there yet: up again
+        assert node_states(a) == ["up"]
+
+    try:
+        a.set("key", "before")
+        _settled(a)
+        server.pause()
+        try:
+            b.get("probe-the-hang")
+        finally:
+            server.resume()  # and the node out until a replay
+        assert node_states(a) == node_states(b) == ["out"]
+        tier_b.journal.on_transaction = cleaner_and_a_meanwhile
+        b.set("key", "during")  # journaled; its journal removed before it commits
+        assert tier_b.journal.carried_over == 1
+        assert node_states(a) == ["out"], "the carried key's node was left up for A"
+        assert a.get("key") in ("during", None)
+    finally:
+        for tier in (tier_a, tier_b):
+            maintenance.register(tier)
+    assert wait_for(lambda: node_states(a) == node_states(b) == ["up"])
+    assert a.get("key") in ("during", None)
+    assert b.get("key") in ("during", None)
+
+
 def test_a_process_that_cannot_map_the_new_state_files_replays_nothing_until_it_can(
     server: MemcachedServer, disk_directory: str
 ) -> None:
