@@ -107,7 +107,8 @@ class ServerRefusedConnectionError(NetworkError, builtins.ConnectionError):
 
 
 class LocalResourceError(NetworkError, builtins.ConnectionError):
-    """This process could not open a connection (out of file descriptors or memory).
+    """This process could not open a connection (out of file descriptors or memory), or an
+    async call found every connection of its pool busy until its timeout.
 
     It says nothing about the node: the disk tier answers without marking the node out."""
 

@@ -83,7 +83,8 @@ FLUSH_MARK: Final = b""
 _MAX_RETRIES: Final = 3
 #: What marks a node out: it could not be reached, or it answered with bytes that do not
 #: parse (its connection is discarded; whether a write took effect is unknown either way).
-#: A LocalResourceError (this process out of descriptors) is not one: see _memcached_failed.
+#: A LocalResourceError (this process out of descriptors, or its pool busy) is not one: see
+#: _memcached_failed.
 NODE_FAILURES: Final = (NetworkError, ProtocolError)
 #: Tries of an incr that finds a refill's stub (the value is on its way back from disk).
 _STUB_TRIES: Final = 20
@@ -205,8 +206,9 @@ class TieredStore:
         failure is the node's, and raise ``exc`` again when it is not.
 
         Host-wide node state changes only on evidence about the node. A process out of
-        descriptors (:class:`LocalResourceError`) leaves the node alone: a read is answered
-        by the disk tier; a write is refused (journaling it would need the node out)."""
+        descriptors, or an async call that found its pool busy until its timeout
+        (:class:`LocalResourceError`), leaves the node alone: a read is answered by the disk
+        tier; a write is refused (journaling it would need the node out)."""
         if isinstance(exc, LocalResourceError):
             self.metrics.local_failures += 1
             if self._warnings.allow(("local", node)):
@@ -574,6 +576,13 @@ class TieredStore:
         if up:
             try:
                 items = await client.get_many(up)
+            except LocalResourceError as exc:
+                # This process's own trouble (a busy pool, no descriptors): asked again key
+                # by key, each would wait as long again. The disk tier answers them all.
+                self._memcached_failed(self.cluster.node_index(up[0]), exc, read=True)
+                out += up
+                items = {}
+                up = []
             except FastCacheError as exc:
                 if not isinstance(exc, NODE_FAILURES) and refusal_error(exc, "") is None:
                     raise

@@ -24,6 +24,7 @@ from ..errors import (
     ConnectionLostError,
     ConnectTimeoutError,
     FastCacheError,
+    LocalResourceError,
     NetworkError,
 )
 from .address import Address
@@ -63,9 +64,10 @@ class PoolMetrics:
     wait_seconds: float = 0.0
 
 
-class _WaitTimeout(ConnectTimeoutError):
+class _WaitTimeout(ConnectTimeoutError, LocalResourceError):
     """No connection came free in time: the pool was busy, which says nothing of the node
-    (and nothing was sent)."""
+    (and nothing was sent). A :class:`LocalResourceError` too: the disk tier answers the
+    read without marking the node out for every process on the host."""
 
 
 class Pool:
@@ -363,4 +365,10 @@ def _wake(watch: asyncio.Future[None]) -> None:
 
 def _expire(waiter: asyncio.Future[Connection | None], address: Address) -> None:
     if not waiter.done():
-        waiter.set_exception(_WaitTimeout(f"no connection to {address} in time"))
+        waiter.set_exception(
+            _WaitTimeout(
+                f"no connection to {address} came free in time: every one of this process's "
+                "connections to it was busy (the node may be fine); raise max_connections, "
+                "or make fewer calls at once"
+            )
+        )

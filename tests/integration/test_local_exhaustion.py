@@ -186,3 +186,66 @@ def test_a_refused_connect_names_the_fix() -> None:
     for error in (asyncio.run(via_async()), caught.value):
         assert not isinstance(error, LocalResourceError)
         assert f"is memcached running on {location}? check LOCATION" in str(error)
+
+
+def test_a_busy_pool_marks_no_node_out(memcached: MemcachedServer, tmp_path: Path) -> None:
+    """An async caller that finds its pool's every connection busy past its timeout learns
+    nothing of the node: the node stays up for the host (no outage, no replay), the read is
+    answered by the disk tier, and the write says what went wrong."""
+    from django_fastcache.backends import FastCache
+    from django_fastcache.errors import ConnectTimeoutError
+
+    directory = str(tmp_path / "disk")
+    cache = FastCache(
+        [memcached.location],
+        {
+            "OPTIONS": {
+                "disk_directory": directory,
+                "operation_timeout": 0.3,
+                "connect_timeout": TIMEOUT,
+                "max_connections": 1,
+            }
+        },
+    )
+    tiered = cache._shared().tiered
+    assert tiered is not None
+
+    async def scenario() -> dict[str, object]:
+        outcome: dict[str, object] = {}
+        await cache.aset("k", "kept")
+        assert tiered.flush(30.0)  # its disk copy landed
+        pool = cache.client._pools()[0]
+        held = await pool.acquire(asyncio.get_running_loop().time() + 30.0)
+        try:
+            outcome["get"] = await cache.aget("k")
+            # Many keys: one wait, not one per key (each would wait as long again).
+            waits = pool.metrics.wait_timeouts
+            outcome["get_many"] = await cache.aget_many(["k", "absent"])
+            outcome["get_many_waits"] = pool.metrics.wait_timeouts - waits
+            try:
+                await cache.aset("k", "new")
+            except ConnectTimeoutError as exc:
+                outcome["set"] = exc
+            outcome["state"] = node_state(cache)
+        finally:
+            pool.release(held)
+        outcome["after"] = await cache.aget("k")
+        return outcome
+
+    try:
+        outcome = asyncio.run(scenario())
+    finally:
+        cache.close()
+    assert outcome["state"] == "up", outcome
+    assert not NodeStates(directory, (memcached.location,)).is_out(0)
+    assert outcome["get"] == "kept", outcome
+    assert outcome["get_many"] == {"k": "kept"}, outcome
+    assert outcome["get_many_waits"] == 1, outcome
+    assert isinstance(outcome["set"], LocalResourceError), outcome
+    assert "max_connections" in str(outcome["set"])
+    assert outcome["after"] == "kept", outcome
+
+
+def node_state(cache: object) -> str:
+    stats = cache.tier_stats()  # type: ignore[attr-defined]
+    return str(next(iter(stats["nodes"].values()))["state"])
