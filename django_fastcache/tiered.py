@@ -419,7 +419,9 @@ class TieredStore:
         Returns ``(True, result)``, or ``(False, None)`` when the node came back meanwhile
         (the caller then goes to memcached again). Raises :class:`DiskError` when the disk
         write failed: the keys are journaled all the same (the node may hold values the
-        write was to replace) and their disk entries no longer answer."""
+        write was to replace) and their disk entries no longer answer. When the journal
+        itself failed, the node is flushed whole at its replay instead (its journal does not
+        name these keys), and the disk entries the write was to replace no longer answer."""
         failure: DiskError | None = None
         try:
             with self.journal.transaction() as connection:
@@ -432,8 +434,14 @@ class TieredStore:
                     failure = exc
         except DiskError as exc:
             # Not even journaled: the write is lost, and the disk entries it was to replace
-            # must not answer.
+            # must not answer. The node may still hold the values it was to replace, and
+            # the replay would not know the keys: it flushes the node instead. The request
+            # is made before the node's state is read again, as the replay reads it after
+            # marking the node up (see bring_back): one of the two sees the other.
+            self.states.must_flush(node)
             self._distrust(keys, exc)
+            if not self.states.is_out(node):
+                return False, None  # brought back meanwhile: memcached again
             raise
         self.metrics.journaled += len(keys)
         if failure is not None:
@@ -1317,12 +1325,15 @@ class TieredStore:
                     self.last_probe_error[node] = "went out again during the replay's wait"
                     return None
                 keys = Journal.keys(connection, node_id)
-                if FLUSH_MARK in keys:
+                unjournaled = self.states.flush_needed(node)
+                if FLUSH_MARK in keys or unjournaled:
+                    self.states.flushed(node)  # (first: a request made meanwhile stays)
                     run_blocking(self.blocking.flush_all(nodes=[node]))
                 elif keys:
                     run_blocking(self.blocking.delete_many(keys))
                 Journal.forget(connection, node_id)
                 self.states.mark_up(node)
+                self._out_again_if_unjournaled(node)
         except DiskError as journal_error:
             # The journal cannot be read (its directory removed, its file corrupt, locked
             # for good): any key may have changed while the node was out, so the node is
@@ -1331,12 +1342,15 @@ class TieredStore:
             # good, and memcached is never used again.
             if self.states.outages(node) != outage:
                 return None  # out again meanwhile (see above): probe again
+            self.states.flushed(node)
             try:
                 run_blocking(self.blocking.flush_all(nodes=[node]))
             except FastCacheError as exc:
+                self.states.must_flush(node)  # (whatever it held: flushed the next time)
                 self.last_probe_error[node] = _describe(exc)
                 return None
             self.states.mark_up(node)
+            self._out_again_if_unjournaled(node)
             keys = []
             logger.warning(
                 "memcached node %s is back; its outage journal could not be read (%s), so "
@@ -1353,14 +1367,30 @@ class TieredStore:
             logger.warning(
                 "memcached node %s is back: %s",
                 node_id,
-                f"replayed {len(keys)} journaled key(s) as deletes"
-                if FLUSH_MARK not in keys
-                else "flushed it, as a clear() was journaled while it was out",
+                "flushed it, as a clear() was journaled while it was out"
+                if FLUSH_MARK in keys
+                else "flushed it, as a write made while it was out could not be journaled"
+                if unjournaled
+                else f"replayed {len(keys)} journaled key(s) as deletes",
             )
         self.last_probe_error.pop(node, None)
         self.metrics.replays += 1
         self.metrics.replayed_keys += len(keys)
         return len(keys)
+
+    def _out_again_if_unjournaled(self, node: int) -> None:
+        """Just marked up: a write that could not be journaled while ``node`` was out may
+        have asked for a flush after the replay looked (it asks before it reads the node's
+        state; this reads the request after marking the node up). Out again, then: the
+        next replay flushes it."""
+        if self.states.flush_needed(node):
+            self.node_failed(
+                node,
+                DiskError(
+                    "a write made while the node was out could not be journaled during its "
+                    "replay; it is flushed whole at the next one"
+                ),
+            )
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until the writes this process queued so far are on disk (or skipped);

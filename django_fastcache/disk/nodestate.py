@@ -50,6 +50,11 @@ _COUNT: Final = struct.Struct("=Q")
 #: per read from disk.
 _monotonic: Final = time.monotonic
 _OUTAGES: Final = 8
+#: In a node's page: set when a write or delete made while the node was out could not be
+#: journaled (the journal locked past waiting, a full disk): the journal then does not
+#: name every key that changed, and the node's replay flushes it whole instead. A plain
+#: write to memory, like the distrust stamps: it cannot fail when the disk does.
+_FLUSH: Final = 16
 _COUNT_WORD: Final = _OUTAGES // 8
 #: Where the state byte lies in the page's first uint64, in the host's byte order.
 _STATE_SHIFT: Final = 0 if sys.byteorder == "little" else 56
@@ -158,6 +163,8 @@ class NodeStates:
         # replaced() still says so, so that the next check tries again.
         maps, stamps, identity = self._open_all()
         for old, new in zip(old_maps, maps):
+            if old[_FLUSH]:
+                new[_FLUSH] = 1
             if old[0] == _OUT:
                 new[0] = _OUT
                 # And its count: a replay that probed before the move must not take the
@@ -224,6 +231,19 @@ class NodeStates:
 
     def mark_up(self, node: int) -> None:
         self._maps[node][0] = _UP
+
+    def must_flush(self, node: int) -> None:
+        """A key of ``node`` changed while it was out, and the journal could not take it:
+        its replay must flush the node whole."""
+        self._maps[node][_FLUSH] = 1
+
+    def flush_needed(self, node: int) -> bool:
+        return self._maps[node][_FLUSH] != 0
+
+    def flushed(self, node: int) -> None:
+        """The replay about to flush ``node`` took the request (before flushing: one made
+        meanwhile is kept for the next replay)."""
+        self._maps[node][_FLUSH] = 0
 
     def mark_out_by_id(self, node_id: str) -> None:
         if node_id in self.node_ids:

@@ -711,6 +711,91 @@ def test_a_journal_removed_while_a_write_commits_sends_its_keys_to_the_replay_of
     assert b.get("key") in ("during", None)
 
 
+def test_writes_the_journal_cannot_take_during_an_outage_flush_the_node_at_its_replay(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """While the node hangs, the journal cannot take a write (its lock held past waiting;
+    a full disk does the same). The node still holds the value that write replaced, and
+    its journal does not name the key: replaying it alone would bring the older value back
+    once the node serves again. The replay flushes the node whole instead."""
+    import sqlite3
+
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    cache.set("key", "before")
+    cache.set("other", "kept by memcached until the flush")
+    _settled(cache)
+    tiered.journal.close()
+    tiered.journal.timeout = 0.2  # (read when it connects again)
+    server.pause()
+    try:
+        cache.get("probe-the-hang")
+        assert node_states(cache) == ["out"]
+        holder = sqlite3.connect(tiered.journal.path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # another process's long transaction
+            cache.set("key", "during")  # the journal refuses it
+            assert tiered.states.flush_needed(0)
+            assert cache.get("key") is None  # the disk entry it was to replace: hidden
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+    finally:
+        server.resume()
+    assert wait_for(lambda: node_states(cache) == ["up"]), "the node never came back"
+    assert not tiered.states.flush_needed(0)
+    assert cache.get("key") in ("during", None), "the replaced value came back"
+    assert _read_in_new_process(server.location, disk_directory, ["key"])["key"] in (
+        "during",
+        None,
+    )
+
+
+def test_a_write_the_journal_refuses_during_a_replay_sends_the_node_out_again(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """A write whose journal transaction failed asks for a flush, then reads the node's
+    state; the replay marks the node up, then reads the request. Asked for between the
+    replay's look and its marking up (the writer still saw the node out), the flush is not
+    lost: the node goes out again and the next replay flushes it."""
+    from django_fastcache.maintenance import maintenance
+
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    maintenance.unregister(tiered)  # this test brings the node back
+    states = tiered.states
+    try:
+        cache.set("key", "before")
+        _settled(cache)
+        server.pause()
+        try:
+            cache.get("probe-the-hang")
+        finally:
+            server.resume()
+        assert node_states(cache) == ["out"]
+
+        def mark_up(node: int) -> None:
+            states.must_flush(node)  # a writer that saw the node out, just before
+            states.mark_up(node)
+
+        tiered.states = twin(states, mark_up=mark_up)
+        tiered.replay_settle = 0.0
+        try:
+            assert tiered.bring_back(0) == 0  # an empty journal, replayed
+        finally:
+            tiered.states = states
+        assert states.is_out(0), "marked up with a flush asked for and not made"
+        assert states.flush_needed(0)
+        assert tiered.bring_back(0) == 0  # flushed whole this time
+        assert not states.is_out(0)
+        assert not states.flush_needed(0)
+        assert tiered.blocking.get_now(b":1:key") is None  # memcached was flushed
+    finally:
+        maintenance.register(tiered)
+
+
 def test_a_process_that_cannot_map_the_new_state_files_replays_nothing_until_it_can(
     server: MemcachedServer, disk_directory: str
 ) -> None:

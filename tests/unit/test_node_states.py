@@ -62,6 +62,18 @@ def test_a_removal_nobody_moved_from_yet_is_noticed_by_the_check(
     assert states.trusts(b"key", time.time() + 1)
 
 
+def test_a_flush_asked_for_is_shared_and_carried_to_the_new_files(tmp_path: Path) -> None:
+    a, b = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
+    a.mark_out(0)
+    a.must_flush(0)
+    assert b.flush_needed(0)
+    _remove_files(tmp_path)
+    b.reopen(time.time())  # the new files are made: they ask for the flush too
+    assert NodeStates(str(tmp_path), NODES).flush_needed(0)
+    b.flushed(0)
+    assert not NodeStates(str(tmp_path), NODES).flush_needed(0)
+
+
 def test_files_that_were_not_replaced_are_never_marked(tmp_path: Path) -> None:
     a, b = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
     a.reopen(time.time())  # nothing replaced: nothing to do
