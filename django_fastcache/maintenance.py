@@ -56,6 +56,7 @@ class Maintenance:
         # names marked out again, in the host-wide states.
         store.journal.node_ids = tuple(store.cluster.node_ids)
         store.journal.mark_out = lambda node_id: store.states.mark_out_by_id(node_id)
+        store.journal.must_flush = lambda node_id: store.states.must_flush_by_id(node_id)
         # And a journaled write or a replay reads the directory's node states, not files
         # removed under the process: a replay marking up a removed file, or a write
         # journaled by a process still reading one, would split the host in two.

@@ -1286,8 +1286,19 @@ class TieredStore:
                         self._memcached_failed(node, exc, read=False)
                         out.append(node)
         for node in out:
-            with contextlib.suppress(DiskError):
-                self._journaled(node, [FLUSH_MARK], lambda: None)
+            for _attempt in range(_MAX_RETRIES):
+                try:
+                    done, _nothing = self._journaled(node, [FLUSH_MARK], lambda: None)
+                except DiskError:
+                    break  # not journaled: the node states ask its replay for the flush
+                if done:
+                    break
+                # Brought back meanwhile: flushed now, as it was up all along.
+                try:
+                    await client.flush_all(nodes=[node])
+                    break
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)  # out: journaled next
         try:
             self.disk.clear()
         except DiskError as exc:
@@ -1328,12 +1339,19 @@ class TieredStore:
                 unjournaled = self.states.flush_needed(node)
                 if FLUSH_MARK in keys or unjournaled:
                     self.states.flushed(node)  # (first: a request made meanwhile stays)
-                    run_blocking(self.blocking.flush_all(nodes=[node]))
+                    try:
+                        run_blocking(self.blocking.flush_all(nodes=[node]))
+                    except BaseException:
+                        # Still to do, at the next replay (the request taken above, or one
+                        # made since, would be lost with the flush that did not happen).
+                        self.states.must_flush(node)
+                        raise
                 elif keys:
                     run_blocking(self.blocking.delete_many(keys))
                 Journal.forget(connection, node_id)
                 self.states.mark_up(node)
-                self._out_again_if_unjournaled(node)
+                if self._out_again_if_unjournaled(node):
+                    return None
         except DiskError as journal_error:
             # The journal cannot be read (its directory removed, its file corrupt, locked
             # for good): any key may have changed while the node was out, so the node is
@@ -1350,7 +1368,8 @@ class TieredStore:
                 self.last_probe_error[node] = _describe(exc)
                 return None
             self.states.mark_up(node)
-            self._out_again_if_unjournaled(node)
+            if self._out_again_if_unjournaled(node):
+                return None
             keys = []
             logger.warning(
                 "memcached node %s is back; its outage journal could not be read (%s), so "
@@ -1378,19 +1397,22 @@ class TieredStore:
         self.metrics.replayed_keys += len(keys)
         return len(keys)
 
-    def _out_again_if_unjournaled(self, node: int) -> None:
+    def _out_again_if_unjournaled(self, node: int) -> bool:
         """Just marked up: a write that could not be journaled while ``node`` was out may
         have asked for a flush after the replay looked (it asks before it reads the node's
-        state; this reads the request after marking the node up). Out again, then: the
-        next replay flushes it."""
-        if self.states.flush_needed(node):
-            self.node_failed(
-                node,
-                DiskError(
-                    "a write made while the node was out could not be journaled during its "
-                    "replay; it is flushed whole at the next one"
-                ),
-            )
+        state; this reads the request after marking the node up). Out again, then (True):
+        the next replay flushes it."""
+        if not self.states.flush_needed(node):
+            return False
+        self.node_failed(
+            node,
+            DiskError(
+                "a write made while the node was out could not be journaled during its "
+                "replay; it is flushed whole at the next one"
+            ),
+        )
+        self.last_probe_error[node] = "a write could not be journaled during the replay"
+        return True
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until the writes this process queued so far are on disk (or skipped);

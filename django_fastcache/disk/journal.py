@@ -61,6 +61,9 @@ class Journal:
         #: (:mod:`django_fastcache.maintenance`), for carrying a replaced journal over.
         self.node_ids: tuple[str, ...] = ()
         self.mark_out: Callable[[str], None] | None = None
+        #: And how to ask for a node's flush at its replay (keys of it lost with a
+        #: replaced journal that could not be carried over).
+        self.must_flush: Callable[[str], None] | None = None
         #: Run at the start of every transaction, under the journal's lock: how the node
         #: states are made current (files replaced under the process) before a journaled
         #: write or a replay reads them.
@@ -128,12 +131,29 @@ class Journal:
         with contextlib.suppress(sqlite3.Error):
             old.close()
         self._connection = None
-        connection = self._connect()
         try:
-            connection.execute("BEGIN IMMEDIATE")
-            connection.executemany("INSERT OR IGNORE INTO journal (node, key) VALUES (?, ?)", rows)
-        except sqlite3.Error as exc:
-            raise DiskError(f"cannot carry the outage journal over to {self.path}: {exc}") from exc
+            connection = self._connect()
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+                connection.executemany(
+                    "INSERT OR IGNORE INTO journal (node, key) VALUES (?, ?)", rows
+                )
+            except sqlite3.Error as exc:
+                raise DiskError(
+                    f"cannot carry the outage journal over to {self.path}: {exc}"
+                ) from exc
+        except DiskError:
+            # The keys read from the removed file are in no journal now: their nodes are
+            # flushed whole at their replays instead (asked in the node states, which
+            # cannot fail), and kept out until then.
+            if self.on_transaction is not None:
+                self.on_transaction()
+            for node_id in {node_id for node_id, _key in rows}:
+                if self.must_flush is not None:
+                    self.must_flush(node_id)
+                if self.mark_out is not None:
+                    self.mark_out(node_id)
+            raise
         if self.on_transaction is not None:
             # On the node states every process reads now: removed with the journal, those
             # this process maps may be a copy no other process reads any more (the cleaner

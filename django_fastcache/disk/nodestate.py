@@ -166,13 +166,17 @@ class NodeStates:
             if old[_FLUSH]:
                 new[_FLUSH] = 1
             if old[0] == _OUT:
-                new[0] = _OUT
                 # And its count: a replay that probed before the move must not take the
-                # new page's count for another outage.
-                outages = max(
-                    _COUNT.unpack_from(old, _OUTAGES)[0], _COUNT.unpack_from(new, _OUTAGES)[0]
-                )
-                _COUNT.pack_into(new, _OUTAGES, outages)
+                # new page's count for another outage. Unless the node was up there with
+                # that count already (another process moved first and brought it back):
+                # it goes out anew then, with a count of its own, so that a read that took
+                # the epoch before and checks it after sees the change (the same count
+                # would read as "up, unchanged" once the node is back).
+                ours: int = _COUNT.unpack_from(old, _OUTAGES)[0]
+                theirs: int = _COUNT.unpack_from(new, _OUTAGES)[0]
+                anew = new[0] != _OUT and theirs >= ours
+                new[0] = _OUT
+                _COUNT.pack_into(new, _OUTAGES, max(ours, theirs) + anew)
         for slot in range(_SLOTS + 1):
             offset = slot * _STAMP.size
             known: float = _STAMP.unpack_from(old_stamps, offset)[0]
@@ -236,6 +240,10 @@ class NodeStates:
         """A key of ``node`` changed while it was out, and the journal could not take it:
         its replay must flush the node whole."""
         self._maps[node][_FLUSH] = 1
+
+    def must_flush_by_id(self, node_id: str) -> None:
+        if node_id in self.node_ids:
+            self.must_flush(self.node_ids.index(node_id))
 
     def flush_needed(self, node: int) -> bool:
         return self._maps[node][_FLUSH] != 0

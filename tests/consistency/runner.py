@@ -152,17 +152,18 @@ class History:
         return violations
 
     def outages_seen(self) -> list[tuple[int, float]]:
-        """The interval of every operation that found the node out (a read answered from
-        disk as a fallback, a journaled write): the node went out at a moment no later
-        than its end, and no earlier than the start of any operation that memcached
-        answered after it. Outages the runner did not inject (a node judged out under
-        load) are losses as much as its own: a write memcached acknowledged just before
-        may be gone with its disk copy still queued."""
+        """The interval of every write that was journaled: its node was out then, having
+        gone out no later than the write's end (and, for a write begun after it, no
+        earlier than its start: that write would have found it out). Outages the runner
+        did not inject (a node judged out under load) are losses as much as its own: a
+        write memcached acknowledged just before may be gone with its disk copy still
+        queued. (Not reads answered from disk: this process's own trouble, a busy pool
+        or no descriptors, answers them so without any outage.)"""
         c = self.columns
         return [
             (start, float(end))
             for start, end, source in zip(c["start"], c["end"], c["source"])
-            if source in (FALLBACK, JOURNALED)
+            if source == JOURNALED
         ]
 
     @staticmethod

@@ -25,7 +25,7 @@ from .checker import (
     format_violation,
 )
 from .runner import History
-from .worker import COLUMNS, JOURNALED, MEMCACHED
+from .worker import COLUMNS, FALLBACK, JOURNALED, MEMCACHED
 from .worker import KINDS as WORKER_KINDS
 
 
@@ -422,6 +422,7 @@ def test_an_outage_the_workers_found_is_a_loss_like_an_injected_one() -> None:
         (ADD, 10, 0, 10, JOURNALED),
         (SET, 20, 2, 3, MEMCACHED),
         (GET, 10, 11, 12, MEMCACHED),
+        (GET, 10, 1, 2, FALLBACK),  # a read from disk alone shows no outage
     ]
     log = {name: array(code) for name, code in COLUMNS.items()}
     for kind, value, start, end, source in rows:

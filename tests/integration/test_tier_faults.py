@@ -783,7 +783,7 @@ def test_a_write_the_journal_refuses_during_a_replay_sends_the_node_out_again(
         tiered.states = twin(states, mark_up=mark_up)
         tiered.replay_settle = 0.0
         try:
-            assert tiered.bring_back(0) == 0  # an empty journal, replayed
+            assert tiered.bring_back(0) is None  # replayed, then out again: not back
         finally:
             tiered.states = states
         assert states.is_out(0), "marked up with a flush asked for and not made"
@@ -794,6 +794,105 @@ def test_a_write_the_journal_refuses_during_a_replay_sends_the_node_out_again(
         assert tiered.blocking.get_now(b":1:key") is None  # memcached was flushed
     finally:
         maintenance.register(tiered)
+
+
+def test_a_replay_whose_flush_fails_keeps_the_flush_asked_for(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """The replay takes the request for a flush, then the flush fails (the node hangs
+    again): the request must outlive it, or the next replay would only delete the
+    journaled keys and leave the value the unjournaled write replaced."""
+    from django_fastcache.errors import OperationTimeoutError
+    from django_fastcache.maintenance import maintenance
+
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    maintenance.unregister(tiered)  # this test brings the node back
+    try:
+        cache.set("key", "before")
+        _settled(cache)
+        server.pause()
+        try:
+            cache.get("probe-the-hang")
+        finally:
+            server.resume()
+        tiered.states.must_flush(0)  # a write of the outage the journal could not take
+        tiered.replay_settle = 0.0
+
+        def flush_all(nodes: list[int] | None = None) -> None:
+            raise OperationTimeoutError("the node hung again")
+
+        blocking = tiered.blocking
+        tiered.blocking = twin(blocking, flush_all=flush_all)
+        try:
+            assert tiered.bring_back(0) is None
+        finally:
+            tiered.blocking = blocking
+        assert tiered.states.is_out(0)
+        assert tiered.states.flush_needed(0), "the flush asked for was lost with the failure"
+        assert tiered.bring_back(0) == 0
+        assert not tiered.states.is_out(0)
+        assert blocking.get_now(b":1:key") is None  # flushed
+    finally:
+        maintenance.register(tiered)
+
+
+def test_a_removed_journal_that_cannot_be_carried_over_has_its_nodes_flushed(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """The journal removed under the process (a temp cleaner), and the new one cannot be
+    made (here a directory stands at its path): the keys read from the removed file are in
+    no journal, so their nodes stay out and are flushed whole at their replays."""
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    server.pause()
+    try:
+        cache.get("probe-the-hang")
+        cache.set("key", "during")  # journaled
+    finally:
+        server.resume()
+    for name in os.listdir(disk_directory):
+        if name.startswith("journal"):
+            os.unlink(os.path.join(disk_directory, name))
+    os.mkdir(tiered.journal.path)
+    assert not tiered.states.flush_needed(0)
+    try:
+        from django_fastcache.disk.store import DiskError
+
+        with pytest.raises(DiskError):
+            tiered.journal.carry_over_if_replaced()
+        assert tiered.states.flush_needed(0)
+        assert tiered.states.is_out(0)
+    finally:
+        os.rmdir(tiered.journal.path)
+
+
+def test_a_clear_that_finds_a_node_brought_back_meanwhile_flushes_it(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """clear() finds the node out and goes to journal the flush; the node is brought back
+    before the journal's lock is had. The flush is then made on memcached, as for a node up
+    all along: nothing from before the clear may be read again."""
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    cache.set("key", "before the clear")
+    _settled(cache)
+    states = tiered.states
+    looks = iter([True])  # clear()'s own look: out; from then on, the node's state (up)
+
+    def is_out(node: int) -> bool:
+        return next(looks, None) or states.is_out(node)
+
+    tiered.states = twin(states, is_out=is_out)
+    try:
+        cache.clear()
+    finally:
+        tiered.states = states
+    assert tiered.blocking.get_now(b":1:key") is None, "the node was not flushed"
+    assert cache.get("key") is None
 
 
 def test_a_process_that_cannot_map_the_new_state_files_replays_nothing_until_it_can(

@@ -74,6 +74,22 @@ def test_a_flush_asked_for_is_shared_and_carried_to_the_new_files(tmp_path: Path
     assert not NodeStates(str(tmp_path), NODES).flush_needed(0)
 
 
+def test_a_node_out_carried_onto_files_where_it_was_up_goes_out_anew(tmp_path: Path) -> None:
+    # A moves first and brings the node back there; B, still on the removed files where it
+    # is out, moves next. The node goes out again with a count of its own: an epoch read
+    # before B's move is not the epoch once the node is back again.
+    a, b = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
+    a.mark_out(0)
+    _remove_files(tmp_path)
+    a.reopen(time.time())
+    a.mark_up(0)
+    before = a.epoch(0)
+    b.reopen(time.time())
+    assert a.is_out(0)
+    a.mark_up(0)
+    assert a.epoch(0) != before
+
+
 def test_files_that_were_not_replaced_are_never_marked(tmp_path: Path) -> None:
     a, b = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
     a.reopen(time.time())  # nothing replaced: nothing to do
