@@ -1298,6 +1298,9 @@ class TieredStore:
                     await client.flush_all(nodes=[node])
                     break
                 except FastCacheError as exc:
+                    # Asked in the node states first (it cannot fail): whatever the next
+                    # attempt finds, the node's replay flushes it.
+                    self.states.must_flush(node)
                     self._memcached_failed(node, exc, read=False)  # out: journaled next
         try:
             self.disk.clear()
@@ -1363,8 +1366,10 @@ class TieredStore:
             self.states.flushed(node)
             try:
                 run_blocking(self.blocking.flush_all(nodes=[node]))
-            except FastCacheError as exc:
+            except BaseException as exc:
                 self.states.must_flush(node)  # (whatever it held: flushed the next time)
+                if not isinstance(exc, FastCacheError):
+                    raise
                 self.last_probe_error[node] = _describe(exc)
                 return None
             self.states.mark_up(node)

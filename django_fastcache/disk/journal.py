@@ -139,20 +139,23 @@ class Journal:
                     "INSERT OR IGNORE INTO journal (node, key) VALUES (?, ?)", rows
                 )
             except sqlite3.Error as exc:
+                # Not left open: the transaction would hold the host's journal lock.
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
+                self.close()
                 raise DiskError(
                     f"cannot carry the outage journal over to {self.path}: {exc}"
                 ) from exc
         except DiskError:
             # The keys read from the removed file are in no journal now: their nodes are
             # flushed whole at their replays instead (asked in the node states, which
-            # cannot fail), and kept out until then.
+            # cannot fail), and kept out until then: on the pages mapped now, then on the
+            # directory's if they were removed too (a move carries both marks over).
+            self._flush_at_replay({node_id for node_id, _key in rows})
             if self.on_transaction is not None:
-                self.on_transaction()
-            for node_id in {node_id for node_id, _key in rows}:
-                if self.must_flush is not None:
-                    self.must_flush(node_id)
-                if self.mark_out is not None:
-                    self.mark_out(node_id)
+                with contextlib.suppress(Exception):
+                    self.on_transaction()
+                self._flush_at_replay({node_id for node_id, _key in rows})
             raise
         if self.on_transaction is not None:
             # On the node states every process reads now: removed with the journal, those
@@ -172,6 +175,13 @@ class Journal:
             len(rows),
         )
         return connection
+
+    def _flush_at_replay(self, node_ids: set[str]) -> None:
+        for node_id in node_ids:
+            if self.must_flush is not None:
+                self.must_flush(node_id)
+            if self.mark_out is not None:
+                self.mark_out(node_id)
 
     def carry_over_if_replaced(self) -> bool:
         """:meth:`_carry_over` if the file was replaced (the maintenance thread's check)."""
