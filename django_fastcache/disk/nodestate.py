@@ -107,28 +107,36 @@ class NodeStates:
         names = [hashlib.blake2b(n.encode(), digest_size=16).hexdigest() for n in node_ids]
         self._paths = [os.path.join(directory, f"{name}.state") for name in names]
         self._stamps_path = os.path.join(directory, "distrust.state")
-        #: (device, inode) of the distrust page this process mapped: the files in the
-        #: directory must be the ones every process maps (see :meth:`replaced`).
+        #: (device, inode) of the distrust page this process mapped, and of each node's
+        #: page: the files in the directory must be the ones every process maps (see
+        #: :meth:`replaced`).
         self._identity: tuple[int, int] | None = None
+        self._node_identities: list[tuple[int, int]] = []
         #: Pages replaced by :meth:`reopen`, kept mapped: another thread may still read them.
         self._retired: list[mmap.mmap] = []
         #: Times this process found the files replaced and mapped the new ones.
         self.reopened = 0
         #: ``time.monotonic()`` from which :meth:`trusts` checks the files again.
         self._next_check = 0.0
-        self._maps, self._stamps, self._identity = self._open_all()
+        self._maps, self._node_identities, self._stamps, self._identity = self._open_all()
         #: Each node's page as uint64s: what :meth:`epoch` reads, twice per request.
         self._words = [memoryview(page).cast("Q") for page in self._maps]
         #: The distrust page as float64s: what :meth:`trusts` reads, per read.
         self._times = memoryview(self._stamps).cast("d")
 
-    def _open_all(self) -> tuple[list[mmap.mmap], mmap.mmap, tuple[int, int]]:
-        """The directory's pages (made if need be) and the distrust file's identity."""
+    def _open_all(
+        self,
+    ) -> tuple[list[mmap.mmap], list[tuple[int, int]], mmap.mmap, tuple[int, int]]:
+        """The directory's pages (made if need be) and their files' identities: the nodes'
+        pages, then the distrust page."""
         opened: list[mmap.mmap] = []
+        identities: list[tuple[int, int]] = []
         try:
             make_private(self.directory)  # 0700, parents too (the tier's may be gone)
             for path in self._paths:
-                opened.append(_page(path)[0])
+                page, node_identity = _page(path)
+                opened.append(page)
+                identities.append(node_identity)
             stamps, identity = _page(self._stamps_path)
         except OSError as exc:
             for page in opened:
@@ -139,16 +147,25 @@ class NodeStates:
                 f"the disk tier's node states at {self.directory} cannot be mapped "
                 f"({where}: {exc.strerror or exc}); every process on the host must share them",
             ) from exc
-        return opened, stamps, identity
+        return opened, identities, stamps, identity
 
     # -- the files under the processes -------------------------------------------------------
     def replaced(self) -> bool:
         """Whether the state files this process mapped are no longer the directory's: the
         directory was removed (and perhaps made again by another process), or a temp
         cleaner removed the files. Processes that map different files no longer see each
-        other's outages and distrust stamps. One ``stat``."""
+        other's outages and distrust stamps. One ``stat`` per file: each is checked, as a
+        cleaner may remove one a process made a moment before (it listed the old one), and
+        the process that made it would keep a page no later process maps."""
         identity = self._identity
-        return identity is not None and _identity(self._stamps_path) != identity
+        if identity is None:
+            return False
+        if _identity(self._stamps_path) != identity:
+            return True
+        return any(
+            _identity(path) != mapped
+            for path, mapped in zip(self._paths, self._node_identities, strict=True)
+        )
 
     def reopen(self, now: float) -> None:
         """Map the directory's files (made again if need be) in place of the replaced ones,
@@ -161,7 +178,7 @@ class NodeStates:
         old_maps, old_stamps, old_identity = self._maps, self._stamps, self._identity
         # OSError (out of descriptors, the directory unusable): the old pages stay, and
         # replaced() still says so, so that the next check tries again.
-        maps, stamps, identity = self._open_all()
+        maps, node_identities, stamps, identity = self._open_all()
         for old, new in zip(old_maps, maps):
             if old[_FLUSH]:
                 new[_FLUSH] = 1
@@ -186,6 +203,7 @@ class NodeStates:
         self._retired.extend([*old_maps, old_stamps])
         words = [memoryview(page).cast("Q") for page in maps]
         self._maps, self._words, self._stamps, self._identity = maps, words, stamps, identity
+        self._node_identities = node_identities
         self._times = memoryview(stamps).cast("d")
         self.distrust(None, now)
         if self._identity is not None and self._identity != old_identity:

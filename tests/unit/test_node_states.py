@@ -90,6 +90,23 @@ def test_a_node_out_carried_onto_files_where_it_was_up_goes_out_anew(tmp_path: P
     assert a.epoch(0) != before
 
 
+def test_a_node_page_removed_after_a_process_made_it_again_is_noticed(tmp_path: Path) -> None:
+    # A temp cleaner lists the files, removes the distrust page; A moves at once, making
+    # both pages again; the cleaner then removes the node page path it listed, which is
+    # A's new one. B moves next and makes another node page beside A's distrust page. A
+    # must notice, or the two would never see each other's outages again.
+    a, b = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
+    node_page = next(tmp_path / n for n in os.listdir(tmp_path) if n != "distrust.state")
+    os.unlink(tmp_path / "distrust.state")
+    a.reopen(time.time())
+    os.unlink(node_page)
+    b.reopen(time.time())
+    assert a.replaced()
+    a.reopen(time.time())
+    a.mark_out(0)
+    assert b.is_out(0)
+
+
 def test_files_that_were_not_replaced_are_never_marked(tmp_path: Path) -> None:
     a, b = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
     a.reopen(time.time())  # nothing replaced: nothing to do
