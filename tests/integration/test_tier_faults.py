@@ -282,6 +282,30 @@ def _settled(cache: FastCache) -> None:
         assert flush(PATIENCE), "the disk copies of the writes made so far did not land"
 
 
+def _clean_states_and_journal(disk_directory: str) -> None:
+    """Remove the node states' and the journal's files, as a temp cleaner would."""
+    nodes = os.path.join(disk_directory, "nodes")
+    for path in [os.path.join(nodes, name) for name in os.listdir(nodes)] + [
+        os.path.join(disk_directory, n)
+        for n in os.listdir(disk_directory)
+        if n.startswith("journal")
+    ]:
+        os.unlink(path)
+
+
+def _out_after_a_hang(server: MemcachedServer, cache: FastCache) -> None:
+    """``key`` written and on disk; then memcached hangs, the node is marked out, and
+    memcached runs again (the node stays out until a replay)."""
+    cache.set("key", "before")
+    _settled(cache)
+    server.pause()
+    try:
+        cache.get("probe-the-hang")
+    finally:
+        server.resume()
+    assert node_states(cache) == ["out"]
+
+
 def _hang(server: MemcachedServer, cache: FastCache, writes: dict[str, Any]) -> None:
     """memcached hangs (SIGSTOP, keeping its values); ``writes`` are made meanwhile
     (journaled); then it continues and the node is brought back."""
@@ -517,16 +541,9 @@ def test_a_replay_never_acts_on_a_probe_answered_before_the_node_went_out_again(
     cache = make_cache([server.location], disk_directory)
     tiered = cache._shared().tiered
     assert tiered is not None
-    cache.set("key", "before")
-    _settled(cache)
     maintenance.unregister(tiered)  # this test drives the replays itself
     try:
-        server.pause()
-        try:
-            cache.get("probe-the-hang")
-        finally:
-            server.resume()
-        assert node_states(cache) == ["out"]
+        _out_after_a_hang(server, cache)
         tiered.replay_settle = 4 * TIMEOUT + 2.0  # long enough for the steps below, by far
         outcome: list[int | None] = []
         real, answered = tiered.blocking, threading.Event()
@@ -631,13 +648,7 @@ def test_a_process_still_on_removed_state_files_never_journals_past_a_replay(
             b.set("key", "during")  # journaled
         finally:
             server.resume()
-        nodes = os.path.join(disk_directory, "nodes")
-        for path in [os.path.join(nodes, name) for name in os.listdir(nodes)] + [
-            os.path.join(disk_directory, n)
-            for n in os.listdir(disk_directory)
-            if n.startswith("journal")
-        ]:
-            os.unlink(path)
+        _clean_states_and_journal(disk_directory)
         check_files(tier_a)  # A moves: the new files, the journal carried over
         tier_a.replay_settle = 0.0
         assert tier_a.bring_back(0) == 1
@@ -677,27 +688,15 @@ def test_a_journal_removed_while_a_write_commits_sends_its_keys_to_the_replay_of
     def cleaner_and_a_meanwhile() -> None:
         follow_b()  # B's own check: the files are still the directory's
         tier_b.journal.on_transaction = follow_b
-        nodes = os.path.join(disk_directory, "nodes")
-        for path in [os.path.join(nodes, name) for name in os.listdir(nodes)] + [
-            os.path.join(disk_directory, n)
-            for n in os.listdir(disk_directory)
-            if n.startswith("journal")
-        ]:
-            os.unlink(path)
+        _clean_states_and_journal(disk_directory)
         check_files(tier_a)  # A moves: the node is out on the new files too
         tier_a.replay_settle = 0.0
         assert tier_a.bring_back(0) == 0  # nothing journaled there yet: up again
         assert node_states(a) == ["up"]
 
     try:
-        a.set("key", "before")
-        _settled(a)
-        server.pause()
-        try:
-            b.get("probe-the-hang")
-        finally:
-            server.resume()  # and the node out until a replay
-        assert node_states(a) == node_states(b) == ["out"]
+        _out_after_a_hang(server, a)
+        assert node_states(b) == ["out"]
         tier_b.journal.on_transaction = cleaner_and_a_meanwhile
         b.set("key", "during")  # journaled; its journal removed before it commits
         assert tier_b.journal.carried_over == 1
@@ -767,14 +766,7 @@ def test_a_write_the_journal_refuses_during_a_replay_sends_the_node_out_again(
     maintenance.unregister(tiered)  # this test brings the node back
     states = tiered.states
     try:
-        cache.set("key", "before")
-        _settled(cache)
-        server.pause()
-        try:
-            cache.get("probe-the-hang")
-        finally:
-            server.resume()
-        assert node_states(cache) == ["out"]
+        _out_after_a_hang(server, cache)
 
         def mark_up(node: int) -> None:
             states.must_flush(node)  # a writer that saw the node out, just before
@@ -810,13 +802,7 @@ def test_a_replay_whose_flush_fails_keeps_the_flush_asked_for(
     assert tiered is not None
     maintenance.unregister(tiered)  # this test brings the node back
     try:
-        cache.set("key", "before")
-        _settled(cache)
-        server.pause()
-        try:
-            cache.get("probe-the-hang")
-        finally:
-            server.resume()
+        _out_after_a_hang(server, cache)
         tiered.states.must_flush(0)  # a write of the outage the journal could not take
         tiered.replay_settle = 0.0
 
