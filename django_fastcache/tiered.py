@@ -1274,6 +1274,9 @@ class TieredStore:
         self.copies.clear()  # (none answers any more: their memory goes)
         out = [n for n in range(len(self.cluster)) if self.states.is_out(n)]
         up = [n for n in range(len(self.cluster)) if n not in out]
+        # A failure that is not the node's (this process's own, or memcached's reply) is
+        # raised once every other node and the disk are cleared.
+        refused: FastCacheError | None = None
         if up:
             try:
                 await client.flush_all(nodes=up)
@@ -1283,8 +1286,12 @@ class TieredStore:
                     try:
                         await client.flush_all(nodes=[node])
                     except FastCacheError as exc:
-                        self._memcached_failed(node, exc, read=False)
-                        out.append(node)
+                        try:
+                            self._memcached_failed(node, exc, read=False)
+                        except FastCacheError as raised:
+                            refused = refused or raised
+                        else:
+                            out.append(node)
         for node in out:
             for _attempt in range(_MAX_RETRIES):
                 try:
@@ -1301,12 +1308,18 @@ class TieredStore:
                     # Asked in the node states first (it cannot fail): whatever the next
                     # attempt finds, the node's replay flushes it.
                     self.states.must_flush(node)
-                    self._memcached_failed(node, exc, read=False)  # out: journaled next
+                    try:
+                        self._memcached_failed(node, exc, read=False)  # out: journaled next
+                    except FastCacheError as raised:
+                        refused = refused or raised
+                        break  # still up here: the flush asked for waits for its outage
         try:
             self.disk.clear()
         except DiskError as exc:
             self._disk_failed(None, exc)
             self.states.distrust(None, _now())  # every entry is now out of date
+        if refused is not None:
+            raise refused
 
     # -- bringing a node back ------------------------------------------------------------
     def bring_back(self, node: int) -> int | None:

@@ -113,13 +113,15 @@ class Journal:
 
     def _carry_over(self) -> sqlite3.Connection:
         """Copy what the replaced file holds into the journal at the path (made again if
-        need be) and return the new connection, inside a transaction (``BEGIN IMMEDIATE``).
+        need be) and return the new connection, inside a new transaction (``BEGIN
+        IMMEDIATE``) for the caller: the keys carried are committed before it begins.
 
         The nodes concerned are marked out again, in the directory's node states: another
         process may have found the new, empty journal and brought them back meanwhile, and
         they must be replayed with these keys before they serve again. A replaced file that
         cannot be read leaves "flush" marks for every node instead (losing a node's content
-        is safe, an old value not)."""
+        is safe, an old value not); so does a carry-over that fails, for the nodes of the
+        keys it read."""
         old = self._connection
         assert old is not None
         try:
@@ -131,6 +133,7 @@ class Journal:
         with contextlib.suppress(sqlite3.Error):
             old.close()
         self._connection = None
+        nodes = {node_id for node_id, _key in rows}
         try:
             connection = self._connect()
             try:
@@ -138,34 +141,31 @@ class Journal:
                 connection.executemany(
                     "INSERT OR IGNORE INTO journal (node, key) VALUES (?, ?)", rows
                 )
-            except sqlite3.Error as exc:
+                self._mark_carried(nodes)  # under the lock: no replay in between
+                # Committed now, not with the caller's transaction: a caller whose own work
+                # fails rolls that back, and these keys must not go with it.
+                connection.execute("COMMIT")
+            except BaseException as exc:
                 # Not left open: the transaction would hold the host's journal lock.
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
                 self.close()
-                raise DiskError(
-                    f"cannot carry the outage journal over to {self.path}: {exc}"
-                ) from exc
-        except DiskError:
+                if isinstance(exc, sqlite3.Error):
+                    raise DiskError(
+                        f"cannot carry the outage journal over to {self.path}: {exc}"
+                    ) from exc
+                raise
+        except BaseException:
             # The keys read from the removed file are in no journal now: their nodes are
             # flushed whole at their replays instead (asked in the node states, which
             # cannot fail), and kept out until then: on the pages mapped now, then on the
             # directory's if they were removed too (a move carries both marks over).
-            self._flush_at_replay({node_id for node_id, _key in rows})
+            self._flush_at_replay(nodes)
             if self.on_transaction is not None:
                 with contextlib.suppress(Exception):
                     self.on_transaction()
-                self._flush_at_replay({node_id for node_id, _key in rows})
+                self._flush_at_replay(nodes)
             raise
-        if self.on_transaction is not None:
-            # On the node states every process reads now: removed with the journal, those
-            # this process maps may be a copy no other process reads any more (the cleaner
-            # struck after this transaction's own check), and a node marked out there
-            # only would be brought back, and read, without these keys replayed.
-            self.on_transaction()
-        if self.mark_out is not None:
-            for node_id in {node_id for node_id, _key in rows}:
-                self.mark_out(node_id)
         self.carried_over += 1
         logger.warning(
             "the outage journal %s was removed or replaced under this process; carried %d "
@@ -174,7 +174,23 @@ class Journal:
             self.path,
             len(rows),
         )
+        try:
+            connection.execute("BEGIN IMMEDIATE")  # the caller's transaction
+        except sqlite3.Error as exc:
+            raise DiskError(f"cannot lock the outage journal: {exc}") from exc
         return connection
+
+    def _mark_carried(self, node_ids: set[str]) -> None:
+        """Mark the nodes of keys carried over out again, on the node states every process
+        reads now: removed with the journal, those this process maps may be a copy no
+        other process reads any more (the cleaner struck after this transaction's own
+        check), and a node marked out there only would be brought back, and read, without
+        these keys replayed."""
+        if self.on_transaction is not None:
+            self.on_transaction()
+        if self.mark_out is not None:
+            for node_id in node_ids:
+                self.mark_out(node_id)
 
     def _flush_at_replay(self, node_ids: set[str]) -> None:
         for node_id in node_ids:
@@ -221,11 +237,11 @@ class Journal:
                 connection.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise DiskError(f"cannot lock the outage journal: {exc}") from exc
-            if self.replaced():
-                connection = self._carry_over()
-            if self.on_transaction is not None:
-                self.on_transaction()
             try:
+                if self.replaced():
+                    connection = self._carry_over()
+                if self.on_transaction is not None:
+                    self.on_transaction()
                 yield connection
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):

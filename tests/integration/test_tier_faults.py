@@ -855,6 +855,93 @@ def test_a_removed_journal_that_cannot_be_carried_over_has_its_nodes_flushed(
         os.rmdir(tiered.journal.path)
 
 
+def _remove_journal(disk_directory: str) -> None:
+    """Remove the journal's files, as a temp cleaner would."""
+    for name in os.listdir(disk_directory):
+        if name.startswith("journal"):
+            os.unlink(os.path.join(disk_directory, name))
+
+
+def test_keys_carried_over_outlive_a_transaction_that_fails_after_carrying_them(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """The journal is removed during an outage (a temp cleaner); the next journaled write
+    carries its keys over to a new file, then its own work fails and is rolled back. The
+    keys carried must stay journaled: rolled back with it, they would be in no journal,
+    and the replay would leave memcached's older value in place."""
+    from django_fastcache.maintenance import maintenance
+
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    maintenance.unregister(tiered)  # this test brings the node back
+    try:
+        _out_after_a_hang(server, cache)
+        cache.set("key", "during")  # journaled
+        _remove_journal(disk_directory)
+        with pytest.raises(RuntimeError), tiered.journal.transaction():
+            raise RuntimeError("the transaction's own work failed")
+        with tiered.journal.transaction() as connection:
+            journaled = tiered.journal.keys(connection, tiered.cluster.node_ids[0])
+        assert journaled == [b":1:key"], "the keys carried over went with the rollback"
+        tiered.replay_settle = 0.0
+        assert tiered.bring_back(0) == 1
+        assert cache.get("key") == "during"
+    finally:
+        maintenance.register(tiered)
+
+
+def test_a_carry_over_that_fails_midway_frees_the_journal_and_flushes_its_nodes(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """Carrying a removed journal over fails after the keys went into the new file (here
+    following the node states raises): its transaction must not stay open, as it holds
+    the host's journal lock (every process's outage writes and replays would wait on it),
+    and the keys, rolled back, are in no journal, so their node is flushed at its replay."""
+    import sqlite3
+
+    from django_fastcache.maintenance import maintenance
+
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    maintenance.unregister(tiered)  # this test brings the node back
+    journal = tiered.journal
+    follow = journal.on_transaction
+    assert follow is not None
+    failures = iter([RuntimeError("following the node states failed")])
+
+    def failing_once() -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        follow()
+
+    try:
+        _out_after_a_hang(server, cache)
+        cache.set("key", "during")  # journaled
+        _remove_journal(disk_directory)
+        journal.on_transaction = failing_once
+        try:
+            with pytest.raises(RuntimeError):
+                journal.carry_over_if_replaced()
+        finally:
+            journal.on_transaction = follow
+        other = sqlite3.connect(journal.path, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # "database is locked" while it is held
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        assert tiered.states.flush_needed(0)
+        assert tiered.states.is_out(0)
+        tiered.replay_settle = 0.0
+        assert tiered.bring_back(0) == 0  # flushed whole
+        assert cache.get("key") == "during"
+    finally:
+        maintenance.register(tiered)
+
+
 def test_a_clear_that_finds_a_node_brought_back_meanwhile_flushes_it(
     server: MemcachedServer, disk_directory: str
 ) -> None:
@@ -879,6 +966,42 @@ def test_a_clear_that_finds_a_node_brought_back_meanwhile_flushes_it(
         tiered.states = states
     assert tiered.blocking.get_now(b":1:key") is None, "the node was not flushed"
     assert cache.get("key") is None
+
+
+def test_a_clear_one_node_refuses_clears_the_others_and_the_disk_then_raises(
+    disk_directory: str,
+) -> None:
+    """clear() where this process cannot reach one node (out of descriptors, say: not the
+    node's failure, which leaves it up): the other nodes and the disk are cleared all the
+    same, and the refusal is raised at the end."""
+    from django_fastcache.bridge import run_blocking
+    from django_fastcache.errors import LocalResourceError
+
+    with MemcachedServer() as first, MemcachedServer() as second:
+        cache = make_cache([first.location, second.location], disk_directory)
+        tiered = cache._shared().tiered
+        assert tiered is not None
+        keys = [f"key{n}" for n in range(40)]
+        for key in keys:
+            cache.set(key, key)
+        _settled(cache)
+        wires = {key: cache.wire_key(key) for key in keys}
+        on_second = [k for k in keys if tiered.cluster.node_index(wires[k]) == 1]
+        assert on_second, "no key on the second node"
+        blocking = tiered.blocking
+
+        def flush_all(nodes: list[int] | None = None) -> Any:
+            if nodes is None or 0 in nodes:
+                raise LocalResourceError("this process is out of file descriptors")
+            return blocking.flush_all(nodes=nodes)
+
+        with pytest.raises(LocalResourceError):
+            run_blocking(tiered.clear(twin(blocking, flush_all=flush_all)))
+        assert node_states(cache) == ["up", "up"]  # nothing was the nodes' fault
+        left = [k for k in on_second if blocking.get_now(wires[k]) is not None]
+        assert not left, f"the second node was not flushed: {left}"
+        on_disk = [k for k in keys if tiered.disk.get(wires[k]) is not None]
+        assert not on_disk, f"the disk was not cleared: {on_disk}"
 
 
 def test_a_process_that_cannot_map_the_new_state_files_replays_nothing_until_it_can(
