@@ -384,7 +384,14 @@ class DiskStore:
         # keep the lock up to a switch interval per hand-over, from every other process).
         by_shard: dict[int, list[tuple[Landing, bytes | None]]] = {}
         count = len(shards)
+        skipped = len(writes) - len(latest)
         for done, (key, write) in enumerate(latest.items(), 1):
+            if current(key) != write[1]:
+                # Overtaken already (a slot's stamp never comes back), as most writes are
+                # when several processes write the same keys: skipped before any work. The
+                # check under the shard's lock below catches those overtaken from now on.
+                skipped += 1
+                continue
             if type(key) is bytes:
                 index = (zlib.adler32(key) & 0xFFFFFFFF) % count  # shard_of, inlined
             else:
@@ -395,7 +402,6 @@ class DiskStore:
             if not done % YIELD_EVERY:
                 _yield_gil()
         landed = 0
-        skipped = len(writes) - len(latest)
         for index in sorted(by_shard):
             shard = shards[index]
             slow: list[Landing] = []  # large values, and rows that hold a file

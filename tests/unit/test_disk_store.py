@@ -92,6 +92,30 @@ def test_writes_behind_overtaken_are_skipped(tmp_path: Path) -> None:
         store.close()
 
 
+def test_a_batch_overtaken_before_it_lands_takes_no_shard_lock(tmp_path: Path) -> None:
+    """Writes overtaken before their batch lands (most are, when processes write the same
+    keys) are skipped before any shard's lock is asked for: a batch of them neither waits
+    for a lock another process holds nor takes one."""
+    import sqlite3
+
+    store = DiskStore(str(tmp_path / "values"), shards=1, lock_wait=0.0)
+    try:
+        store.set(b"k", b"v", 0, None)  # the shard's database made
+        (database,) = tmp_path.glob("values/*/cache.db")
+        other = sqlite3.connect(database, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process's group commit, say
+            landed = store.land(
+                [(b"a", 1, b"old", 0, None, 1.0), (b"b", 3, None, 0, None, 1.0)],
+                {b"a": 9, b"b": 11}.__getitem__,
+            )
+            assert landed == (0, 2)
+        finally:
+            other.close()
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("policy", ["least-recently-stored", "least-recently-used"])
 def test_reads_answer_alike_whatever_the_eviction_policy(tmp_path: Path, policy: str) -> None:
     """Reads run their SQL straight where diskcache's get records no access, and through
