@@ -9,6 +9,7 @@ bounded polling; every case fails without the fix it guards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -22,6 +23,7 @@ import pytest
 from django_fastcache.backends import FastCache
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.testing.servers import MemcachedServer
+from django_fastcache.tiered import TieredStore
 from tests.twins import twin
 
 pytestmark = [
@@ -855,11 +857,28 @@ def test_a_removed_journal_that_cannot_be_carried_over_has_its_nodes_flushed(
         os.rmdir(tiered.journal.path)
 
 
-def _remove_journal(disk_directory: str) -> None:
-    """Remove the journal's files, as a temp cleaner would."""
-    for name in os.listdir(disk_directory):
-        if name.startswith("journal"):
-            os.unlink(os.path.join(disk_directory, name))
+@contextlib.contextmanager
+def _journal_removed_in_an_outage(
+    server: MemcachedServer, disk_directory: str
+) -> Iterator[tuple[FastCache, TieredStore]]:
+    """A cache whose node is out after a hang, with ``key`` written during the outage
+    (journaled) and the journal's files then removed, as a temp cleaner would; the
+    maintenance thread kept off its store (the test brings the node back)."""
+    from django_fastcache.maintenance import maintenance
+
+    cache = make_cache([server.location], disk_directory)
+    tiered = cache._shared().tiered
+    assert tiered is not None
+    maintenance.unregister(tiered)
+    try:
+        _out_after_a_hang(server, cache)
+        cache.set("key", "during")  # journaled
+        for name in os.listdir(disk_directory):
+            if name.startswith("journal"):
+                os.unlink(os.path.join(disk_directory, name))
+        yield cache, tiered
+    finally:
+        maintenance.register(tiered)
 
 
 def test_keys_carried_over_outlive_a_transaction_that_fails_after_carrying_them(
@@ -869,16 +888,7 @@ def test_keys_carried_over_outlive_a_transaction_that_fails_after_carrying_them(
     carries its keys over to a new file, then its own work fails and is rolled back. The
     keys carried must stay journaled: rolled back with it, they would be in no journal,
     and the replay would leave memcached's older value in place."""
-    from django_fastcache.maintenance import maintenance
-
-    cache = make_cache([server.location], disk_directory)
-    tiered = cache._shared().tiered
-    assert tiered is not None
-    maintenance.unregister(tiered)  # this test brings the node back
-    try:
-        _out_after_a_hang(server, cache)
-        cache.set("key", "during")  # journaled
-        _remove_journal(disk_directory)
+    with _journal_removed_in_an_outage(server, disk_directory) as (cache, tiered):
         with pytest.raises(RuntimeError), tiered.journal.transaction():
             raise RuntimeError("the transaction's own work failed")
         with tiered.journal.transaction() as connection:
@@ -887,8 +897,6 @@ def test_keys_carried_over_outlive_a_transaction_that_fails_after_carrying_them(
         tiered.replay_settle = 0.0
         assert tiered.bring_back(0) == 1
         assert cache.get("key") == "during"
-    finally:
-        maintenance.register(tiered)
 
 
 def test_a_carry_over_that_fails_midway_frees_the_journal_and_flushes_its_nodes(
@@ -900,27 +908,18 @@ def test_a_carry_over_that_fails_midway_frees_the_journal_and_flushes_its_nodes(
     and the keys, rolled back, are in no journal, so their node is flushed at its replay."""
     import sqlite3
 
-    from django_fastcache.maintenance import maintenance
-
-    cache = make_cache([server.location], disk_directory)
-    tiered = cache._shared().tiered
-    assert tiered is not None
-    maintenance.unregister(tiered)  # this test brings the node back
-    journal = tiered.journal
-    follow = journal.on_transaction
-    assert follow is not None
     failures = iter([RuntimeError("following the node states failed")])
+    with _journal_removed_in_an_outage(server, disk_directory) as (cache, tiered):
+        journal = tiered.journal
+        follow = journal.on_transaction
+        assert follow is not None
 
-    def failing_once() -> None:
-        failure = next(failures, None)
-        if failure is not None:
-            raise failure
-        follow()
+        def failing_once() -> None:
+            failure = next(failures, None)
+            if failure is not None:
+                raise failure
+            follow()
 
-    try:
-        _out_after_a_hang(server, cache)
-        cache.set("key", "during")  # journaled
-        _remove_journal(disk_directory)
         journal.on_transaction = failing_once
         try:
             with pytest.raises(RuntimeError):
@@ -938,8 +937,6 @@ def test_a_carry_over_that_fails_midway_frees_the_journal_and_flushes_its_nodes(
         tiered.replay_settle = 0.0
         assert tiered.bring_back(0) == 0  # flushed whole
         assert cache.get("key") == "during"
-    finally:
-        maintenance.register(tiered)
 
 
 def test_a_clear_that_finds_a_node_brought_back_meanwhile_flushes_it(
