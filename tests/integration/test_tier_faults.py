@@ -538,13 +538,7 @@ def test_a_replay_never_acts_on_a_probe_answered_before_the_node_went_out_again(
     with a set timed out in its sockets. Had the first replay then gone ahead at once on
     its old probe (memcached continuing just then), its deletes could run before that set,
     and the old value come back. It must probe again instead."""
-    from django_fastcache.maintenance import maintenance
-
-    cache = make_cache([server.location], disk_directory)
-    tiered = cache._shared().tiered
-    assert tiered is not None
-    maintenance.unregister(tiered)  # this test drives the replays itself
-    try:
+    with _driven_tier(server, disk_directory) as (cache, tiered):  # it drives the replays itself
         _out_after_a_hang(server, cache)
         tiered.replay_settle = 4 * TIMEOUT + 2.0  # long enough for the steps below, by far
         outcome: list[int | None] = []
@@ -573,8 +567,6 @@ def test_a_replay_never_acts_on_a_probe_answered_before_the_node_went_out_again(
         assert node_states(cache) == ["out"]
         tiered.replay_settle = 2 * TIMEOUT
         assert wait_for(lambda: tiered.bring_back(0) is not None)
-    finally:
-        maintenance.register(tiered)
     assert node_states(cache) == ["up"]
     assert cache.get("key") in ("latest", None)
 
@@ -797,13 +789,8 @@ def test_a_replay_whose_flush_fails_keeps_the_flush_asked_for(
     again): the request must outlive it, or the next replay would only delete the
     journaled keys and leave the value the unjournaled write replaced."""
     from django_fastcache.errors import OperationTimeoutError
-    from django_fastcache.maintenance import maintenance
 
-    cache = make_cache([server.location], disk_directory)
-    tiered = cache._shared().tiered
-    assert tiered is not None
-    maintenance.unregister(tiered)  # this test brings the node back
-    try:
+    with _driven_tier(server, disk_directory) as (cache, tiered):  # this test brings the node back
         _out_after_a_hang(server, cache)
         tiered.states.must_flush(0)  # a write of the outage the journal could not take
         tiered.replay_settle = 0.0
@@ -822,8 +809,6 @@ def test_a_replay_whose_flush_fails_keeps_the_flush_asked_for(
         assert tiered.bring_back(0) == 0
         assert not tiered.states.is_out(0)
         assert blocking.get_now(b":1:key") is None  # flushed
-    finally:
-        maintenance.register(tiered)
 
 
 def test_a_removed_journal_that_cannot_be_carried_over_has_its_nodes_flushed(
@@ -858,12 +843,11 @@ def test_a_removed_journal_that_cannot_be_carried_over_has_its_nodes_flushed(
 
 
 @contextlib.contextmanager
-def _journal_removed_in_an_outage(
+def _driven_tier(
     server: MemcachedServer, disk_directory: str
 ) -> Iterator[tuple[FastCache, TieredStore]]:
-    """A cache whose node is out after a hang, with ``key`` written during the outage
-    (journaled) and the journal's files then removed, as a temp cleaner would; the
-    maintenance thread kept off its store (the test brings the node back)."""
+    """A cache on ``server`` whose store the maintenance thread leaves alone meanwhile: the
+    test brings its node back (or moves it) itself."""
     from django_fastcache.maintenance import maintenance
 
     cache = make_cache([server.location], disk_directory)
@@ -871,14 +855,25 @@ def _journal_removed_in_an_outage(
     assert tiered is not None
     maintenance.unregister(tiered)
     try:
+        yield cache, tiered
+    finally:
+        maintenance.register(tiered)
+
+
+@contextlib.contextmanager
+def _journal_removed_in_an_outage(
+    server: MemcachedServer, disk_directory: str
+) -> Iterator[tuple[FastCache, TieredStore]]:
+    """A cache whose node is out after a hang, with ``key`` written during the outage
+    (journaled) and the journal's files then removed, as a temp cleaner would; the
+    maintenance thread kept off its store (the test brings the node back)."""
+    with _driven_tier(server, disk_directory) as (cache, tiered):
         _out_after_a_hang(server, cache)
         cache.set("key", "during")  # journaled
         for name in os.listdir(disk_directory):
             if name.startswith("journal"):
                 os.unlink(os.path.join(disk_directory, name))
         yield cache, tiered
-    finally:
-        maintenance.register(tiered)
 
 
 def test_keys_carried_over_outlive_a_transaction_that_fails_after_carrying_them(
@@ -1007,13 +1002,7 @@ def test_a_process_that_cannot_map_the_new_state_files_replays_nothing_until_it_
     """The node states removed during an outage, and the new ones not to be mapped by this
     process for a while: it must not mark the node up on the pages it still has, which the
     processes on the new files never read (they would go on journaling its keys)."""
-    from django_fastcache.maintenance import maintenance
-
-    cache = make_cache([server.location], disk_directory)
-    tier = cache._shared().tiered
-    assert tier is not None
-    maintenance.unregister(tier)  # this test drives the replay
-    try:
+    with _driven_tier(server, disk_directory) as (cache, tier):  # this test drives the replay
         tier.node_failed(0)
         cache.set("key", "during")  # journaled
         nodes = os.path.join(disk_directory, "nodes")
@@ -1028,8 +1017,6 @@ def test_a_process_that_cannot_map_the_new_state_files_replays_nothing_until_it_
         assert tier.bring_back(0) == 1  # moved (the transaction's check), then replayed
         assert not tier.states.replaced()
         assert node_states(cache) == ["up"]
-    finally:
-        maintenance.register(tier)
     # Replayed (deleted from memcached); its disk entry was written before the move, so it
     # no longer answers: a miss, never the value from before the outage.
     assert cache.get("key") is None
