@@ -1,6 +1,9 @@
 """The process's maintenance thread: probes nodes that are out, and culls the disk tier.
 
-Nothing here ever runs on a request. While any node is out (as the host-wide node state
+No probe or cull ever runs on a request. The check that the tier's files are still the
+directory's (:func:`check_files`) runs in the thread's rounds and, between them, in the
+store's own calls (:meth:`TieredStore._follow_files`, at most every 0.1 s), which then move
+their process to the directory's files when they were replaced. While any node is out (as the host-wide node state
 says, whichever process marked it), the thread probes it with ``version`` on backoff
 (0.05 s, doubling, at most ``MAX_BACKOFF``); a node that answers has its journal replayed
 as deletes and is marked up (:meth:`TieredStore.bring_back`). Every ``CULL_INTERVAL``
@@ -28,9 +31,16 @@ from .tiered import TieredStore
 MIN_BACKOFF = 0.05
 MAX_BACKOFF = 2.0
 CULL_INTERVAL = 60.0
-#: Seconds between two rounds while every node is up (each round checks that the tier's
-#: files are still the directory's: a few ``stat`` calls).
-IDLE_TICK = 0.1
+#: Seconds between two rounds while every node is up. Each round checks that the tier's
+#: files are still the directory's (a few ``stat`` calls), for a process that makes no
+#: calls: the calls check for themselves every ``tiered.FILES_CHECK_INTERVAL``. A wake-up
+#: costs a busy process more than the check (the thread takes the GIL from its requests),
+#: so the thread wakes seldom.
+IDLE_TICK = 1.0
+#: Held through a move to the directory's files: the calls of any thread, the maintenance
+#: thread and the journal's transactions all check the files, and two moves at once would
+#: each map new pages, one set lost with what was carried over to it.
+_moving = threading.Lock()
 
 
 class Maintenance:
@@ -61,6 +71,8 @@ class Maintenance:
         # removed under the process: a replay marking up a removed file, or a write
         # journaled by a process still reading one, would split the host in two.
         store.journal.on_transaction = lambda: follow_state_files(store)
+        # And the store's own calls check its files, between the thread's rounds.
+        store.check_files = check_files
         # Weakly: through a handle the store holds (a compiled store has no weak reference).
         handle = Handle(store)
         store.maintained = handle
@@ -72,6 +84,7 @@ class Maintenance:
         """Stop probing and culling ``store`` (it is being closed): once this returns, the
         thread does nothing more with it."""
         self._after_fork_check()  # a child's lock may have been taken mid-round by the parent
+        store.check_files = None
         with self._lock:
             handle, store.maintained = store.maintained, None
             if handle is not None:
@@ -205,9 +218,16 @@ def check_files(store: TieredStore) -> None:
 
 def follow_state_files(store: TieredStore) -> None:
     """The state files part of :func:`check_files` (also run by every journal
-    transaction)."""
+    transaction, and by the store's calls)."""
     states = store.states
-    if states.replaced():
+    if states.replaced() or store.stamps.replaced():  # a stat each: the lock only when moving
+        with _moving:
+            _follow_state_files(store)
+
+
+def _follow_state_files(store: TieredStore) -> None:
+    states = store.states
+    if states.replaced():  # (again, under the lock: another thread may have moved first)
         try:
             states.reopen(time.time())
         except OSError as exc:
@@ -247,3 +267,12 @@ def follow_state_files(store: TieredStore) -> None:
 
 #: The one maintenance thread of the process.
 maintenance = Maintenance()
+
+
+def _after_fork_in_child() -> None:
+    # A move in another thread of the parent at the fork would hold the lock for ever here.
+    global _moving
+    _moving = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

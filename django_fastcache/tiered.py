@@ -93,6 +93,9 @@ _STUB_PAUSE: Final = 0.001
 #: looked up per call.
 _now: Final = time.time
 _monotonic: Final = time.monotonic
+#: Seconds between two checks that the tier's files are still the directory's, made by the
+#: calls themselves (see :meth:`TieredStore._follow_files`).
+FILES_CHECK_INTERVAL: Final = 0.1
 
 
 def _is_stub(data: bytes, flags: int) -> bool:
@@ -186,6 +189,37 @@ class TieredStore:
         self._warnings = RateLimit()
         #: What the maintenance thread holds (weakly) of this store while registered.
         self.maintained: Handle[TieredStore] | None = None
+        #: The check that the tier's files are still the directory's, moving to them when
+        #: they are not (:func:`.maintenance.check_files`); set while the store is
+        #: registered with the maintenance thread.
+        self.check_files: Callable[[TieredStore], None] | None = None
+        #: ``time.monotonic()`` from which the next call checks the files.
+        self._files_due = -math.inf
+
+    def _follow_files(self) -> None:
+        """Check that the tier's files are still the directory's, when the last check is
+        FILES_CHECK_INTERVAL old (and move to the directory's files when they are not).
+
+        Every call runs this before it reads a node's state, stamps a key or reads from
+        disk: what it uses is then the files the directory's processes use, as checked at
+        most that long ago (a directory deleted and made again, a stamps anchor removed:
+        docs/disk-tier.md). The calls check, not only the maintenance thread, which does
+        so for a process that makes none: the thread need not wake every 0.1 s to bound
+        that window, and a wake-up costs a busy process more than the check."""
+        now = _monotonic()
+        if now < self._files_due:
+            return
+        self._files_due = now + FILES_CHECK_INTERVAL
+        check = self.check_files
+        if check is None:
+            return
+        try:
+            check(self)
+        except Exception as exc:  # the disk's own failures are handled inside; not the call's
+            if self._warnings.allow("files-check"):
+                logger.warning(
+                    "could not check the disk tier's files at %s: %s", self.directory, exc
+                )
 
     # -- health --------------------------------------------------------------------------
     def node_failed(self, node: int, cause: BaseException | None = None) -> None:
@@ -453,6 +487,8 @@ class TieredStore:
     def get_now(self, key: bytes) -> tuple[bytes, int] | None:
         """:meth:`get` on the blocking client, as a plain call (the sync API's flat path;
         ``key`` is valid, as the backend's wire keys are)."""
+        if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
+            self._follow_files()
         node = self.cluster.node_index(key)
         epoch = self.states.epoch(node)
         if not epoch & 1:  # up
@@ -472,6 +508,7 @@ class TieredStore:
         return None if entry is None else (entry[0], entry[1])
 
     async def get(self, client: CommandSet, key: bytes) -> tuple[bytes, int] | None:
+        self._follow_files()
         node = self.cluster.node_index(key)
         epoch = self.states.epoch(node)
         if not epoch & 1:  # up
@@ -552,6 +589,7 @@ class TieredStore:
         The stub was made before the entry is read, so a write or delete that reached
         memcached first has stamped the key already (the entry no longer answers), and one
         that lands later replaces or deletes the stub (the store fails)."""
+        self._follow_files()
         entry = self._on_disk(key)
         if entry is None:
             return None
@@ -569,6 +607,7 @@ class TieredStore:
     async def get_many(
         self, client: CommandSet, keys: list[bytes]
     ) -> dict[bytes, tuple[bytes, int]]:
+        self._follow_files()
         # Each key's node state is read once: a node marked up while this runs must not
         # leave its keys asked of neither tier.
         up: list[bytes] = []
@@ -699,6 +738,8 @@ class TieredStore:
     def set_now(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
         """:meth:`set` on the blocking client, as a plain call (the sync API's flat path;
         every argument is valid, as the backend's are)."""
+        if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
+            self._follow_files()
         node = self.cluster.node_index(key)
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
@@ -733,6 +774,7 @@ class TieredStore:
     async def set(
         self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
     ) -> bool:
+        self._follow_files()
         node = self.cluster.node_index(key)
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
@@ -766,6 +808,7 @@ class TieredStore:
         queued once memcached took it. False when a write or delete replaced the lease's
         item meanwhile (memcached's value, if any, becomes the disk copy under the new
         stamp), or when the node failed or is out (nothing to hold a lease with)."""
+        self._follow_files()
         node = self.cluster.node_index(key)
         if self.states.is_out(node):
             return False
@@ -800,6 +843,7 @@ class TieredStore:
         triples: list[tuple[bytes, bytes, int]],
         ttl: float | None,
     ) -> list[bytes]:
+        self._follow_files()
         up = [t for t in triples if not self.states.is_out(self.cluster.node_index(t[0]))]
         settle: set[bytes] = {key for key, _data, _flags in triples} - {k for k, _d, _f in up}
         if up:
@@ -830,6 +874,7 @@ class TieredStore:
     async def add(
         self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
     ) -> bool:
+        self._follow_files()
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
@@ -983,6 +1028,7 @@ class TieredStore:
         return True
 
     async def touch(self, client: CommandSet, key: bytes, ttl: float | None) -> bool:
+        self._follow_files()
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
@@ -1053,6 +1099,8 @@ class TieredStore:
     def delete_now(self, key: bytes) -> bool:
         """:meth:`delete` on the blocking client, as a plain call (the sync API's flat path;
         ``key`` is valid, as the backend's wire keys are)."""
+        if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
+            self._follow_files()
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
@@ -1081,6 +1129,7 @@ class TieredStore:
         return False
 
     async def delete(self, client: CommandSet, key: bytes) -> bool:
+        self._follow_files()
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
@@ -1106,6 +1155,7 @@ class TieredStore:
         disk entry answers the key again. While the node is out, a delete (journaled).
         Raises MetaUnsupportedError (the disk copy deleted) when the node does not speak
         meta."""
+        self._follow_files()
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
@@ -1129,6 +1179,7 @@ class TieredStore:
         return False
 
     async def delete_many(self, client: CommandSet, keys: Iterable[bytes]) -> None:
+        self._follow_files()
         unique = list(dict.fromkeys(keys))
         up = [k for k in unique if not self.states.is_out(self.cluster.node_index(k))]
         settle = [k for k in unique if k not in set(up)]
@@ -1153,6 +1204,7 @@ class TieredStore:
         while no other write of the slot was stamped since: the disk's count is then the
         one memcached made, which readers may have seen before the node was marked out.
         Otherwise :class:`OutcomeUnknownError` (it may have taken effect)."""
+        self._follow_files()
         node = self.cluster.node_index(key)
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
@@ -1268,6 +1320,7 @@ class TieredStore:
         return value
 
     async def clear(self, client: CommandSet) -> None:
+        self._follow_files()
         # Every stamp forgotten first: no entry answers, and no write queued before the
         # clear lands after it.
         self.stamps.reset()

@@ -52,7 +52,8 @@ with the table's it maps (one memory read) and follows a new table before going 
 * The anchor is written only when a table is made: the maintenance thread touches it (and
   the table) once a minute, so that an age-based temp cleaner leaves it alone. One removed
   all the same under running processes (the next process then makes another) is found by
-  that thread's check of the files (:meth:`WriteStamps.replaced`, every 0.1 s), which moves
+  the check of the files (:meth:`WriteStamps.replaced`: a call's, once its process's last
+  check is 0.1 s old, and the maintenance thread's, every second), which moves
   the process to the directory's anchor; the first to move zeroes the id in the anchor it
   left, so that the others still on it follow at their next call. Until the first moves,
   a process started since stamps another table (the window of a directory deleted and
