@@ -3,12 +3,13 @@
 No probe or cull ever runs on a request. The check that the tier's files are still the
 directory's (:func:`check_files`) runs in the thread's rounds and, between them, in the
 store's own calls (:meth:`TieredStore._follow_files`, at most every 0.1 s), which then move
-their process to the directory's files when they were replaced. While any node is out (as the host-wide node state
-says, whichever process marked it), the thread probes it with ``version`` on backoff
-(0.05 s, doubling, at most ``MAX_BACKOFF``); a node that answers has its journal replayed
-as deletes and is marked up (:meth:`TieredStore.bring_back`). Every ``CULL_INTERVAL``
-seconds the disk tiers drop expired entries and evict down to their size limit, and the
-write stamps anchors are touched (an age-based temp cleaner then leaves them alone).
+their process to the directory's files when they were replaced. While any node is out
+(as the host-wide node state says, whichever process marked it), the thread probes it
+with ``version`` on backoff (0.05 s, doubling, at most ``MAX_BACKOFF``); a node that
+answers has its journal replayed as deletes and is marked up
+(:meth:`TieredStore.bring_back`). Every ``CULL_INTERVAL`` seconds the disk tiers drop
+expired entries and evict down to their size limit, and the write stamps anchors are
+touched (an age-based temp cleaner then leaves them alone).
 
 The thread is a daemon started on first need, and started again in a forked child.
 """

@@ -137,7 +137,7 @@ def forget_stacks(directory: str | os.PathLike[str]) -> None:
         assert shared.tiered is not None
         maintenance.unregister(shared.tiered)
         shared.blocking.close_thread_connections()
-        shared.tiered.close()
+        shared.tiered.discard()
     drop_tables(root)  # their write stamps tables in /dev/shm
 
 

@@ -86,6 +86,8 @@ class WriteBehind:
         # Held while a batch lands, so that pause() returns only between batches.
         self._batch_lock = threading.Lock()
         self._writer_thread: threading.Thread | None = None
+        # Set by stop(): the thread ends once the queue is empty.
+        self._stopping = False
 
     # -- the request path ----------------------------------------------------------------
     def put(
@@ -117,6 +119,7 @@ class WriteBehind:
         if thread is None or not thread.is_alive():
             with self._start_lock:
                 if self._writer_thread is None or not self._writer_thread.is_alive():
+                    self._stopping = False
                     self._writer_thread = threading.Thread(
                         target=self._run, name="fastcache-write-behind", daemon=True
                     )
@@ -142,6 +145,24 @@ class WriteBehind:
         self._notify()
         return done.wait(timeout)
 
+    def stop(self, timeout: float = EXIT_WAIT) -> bool:
+        """Land what is queued, then end the writer's thread: for a writer no call will use
+        again (a test's store), which the thread would otherwise keep alive, with the
+        store's mapped tables, for the rest of the process. A write queued afterwards
+        starts a thread again. False when ``timeout`` ran out first."""
+        deadline = time.monotonic() + timeout
+        landed = self.flush(timeout)
+        thread = self._writer_thread
+        if thread is not None:
+            self._stopping = True
+            self._wake.set()
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return False
+        if self._queue:  # queued while it was ending: landed by a thread of its own
+            self._notify()
+        return landed
+
     def pause(self) -> None:
         """Land nothing queued from now until :meth:`resume` (writes keep being queued)."""
         with self._batch_lock:
@@ -157,6 +178,8 @@ class WriteBehind:
         while True:
             if self.paused or not queue:
                 self._idle = True
+                if self._stopping and not queue:
+                    return
                 if queue and not self.paused:
                     self._idle = False  # queued while going idle: not woken for it
                     continue

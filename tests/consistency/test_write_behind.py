@@ -948,6 +948,7 @@ def test_a_read_by_a_process_on_a_deleted_directory_sees_the_directory_s_outages
     store = tier(older)
     with _moved_by_its_calls(store):
         log.set(older, 0, "k", 1)
+        assert store.flush(LANDING_WAIT)  # (no writer landing while the directory goes)
         shutil.rmtree(directory)
         newer = make(server.location, directory, 1)
         with _still(tier(newer)):

@@ -152,3 +152,25 @@ def test_the_exit_waits_for_a_batch_being_landed(tmp_path: Path, monkeypatch: An
         go.set()
         writer.flush()
         store.close()
+
+
+def test_stop_lands_the_queue_and_ends_the_thread_and_a_later_write_starts_another(
+    tmp_path: Path,
+) -> None:
+    store = DiskStore(str(tmp_path / "values"), shards=2)
+    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
+    writer = WriteBehind(store, stamps, interval=3600.0)
+    try:
+        writer.put(b"a", stamps.bump(b"a"), b"v", 0, None, time.time())
+        thread = writer._writer_thread
+        assert thread is not None
+        assert writer.stop(DEADLINE)
+        assert not thread.is_alive()  # it no longer holds the writer (and its store)
+        assert store.get(b"a") is not None  # landed first
+        writer.put(b"b", stamps.bump(b"b"), b"v", 0, None, time.time())
+        assert writer.flush(DEADLINE)
+        assert writer._writer_thread is not thread
+        assert store.get(b"b") is not None
+    finally:
+        writer.stop(DEADLINE)
+        store.close()
