@@ -152,7 +152,10 @@ def test_random_cancellation_never_loses_a_pool_slot(
         finally:
             await client.aclose()
 
-    assert run(scenario()) >= 2000
+    # Enough cancellations to have landed at every await point, many times over. How many
+    # of the ~4,500 tries find their call unfinished depends on the machine's speed (2,078
+    # to 2,322 with asyncio, ~3,600 with uvloop, on the development machine).
+    assert run(scenario()) >= 1000
 
 
 def test_timeout_context_around_calls_leaves_the_pool_whole(
