@@ -1102,18 +1102,20 @@ class TieredStore:
         if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
             self._follow_files()
         node = self.cluster.node_index(key)
-        bumped: list[int] = []
+        # [before, after]: the stamps of the latest attempt that failed on memcached (see
+        # _before); None until one did (the flat path: a first attempt allocates nothing).
+        bumped: list[int] | None = None
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 stamps = self.stamps
                 slot = slot_of(key)
                 # (The flat path: no call for a first attempt.)
-                prev = self._before(key, bumped) if bumped else stamps.current_slot(slot)
+                prev = stamps.current_slot(slot) if bumped is None else self._before(key, bumped)
                 stamp = stamps.bump_slot(slot, gone=True)
-                bumped[:] = [prev, stamp]
                 try:
                     deleted = self.blocking.delete_now(key, True)
                 except FastCacheError as exc:
+                    bumped = [prev, stamp]
                     self._memcached_failed(node, exc, read=False)
                 else:
                     # The disk copy, for the writer behind (_behind, inline: the flat path).
