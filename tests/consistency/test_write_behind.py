@@ -869,21 +869,47 @@ def _moved_by_its_calls(store: TieredStore) -> Iterator[None]:
         yield
 
 
-def test_a_write_by_a_process_on_a_deleted_directory_moves_it_once_its_check_is_due(
-    server: MemcachedServer, directory: str
-) -> None:
-    # As the known failure above, with P's check of the files due when it writes (its last
-    # is FILES_CHECK_INTERVAL old): the write moves P first, so Q reads its stamp.
+@contextlib.contextmanager
+def _made_again(
+    server: MemcachedServer,
+    directory: str,
+    removed: str,
+    before: Callable[[Log, FastCache], None] | None = None,
+) -> Iterator[tuple[Log, FastCache, TieredStore, FastCache]]:
+    """P (process 0), moved only by its calls' checks, runs ``before``; then ``removed``
+    goes ("anchor": its stamps anchor alone; "directory": the tier's whole directory, once
+    P's writes landed) and Q (process 1), started afterwards, makes it again. Yields the
+    log, P, P's store and Q; once the block is done, P must be on Q's stamps table, and no
+    read was stale."""
     import shutil
 
     log = Log()
     older = make(server.location, directory, 0)
     store = tier(older)
     with _moved_by_its_calls(store):
-        log.set(older, 0, "k", 1)
-        assert store.flush(LANDING_WAIT)
-        shutil.rmtree(directory)
+        if before is not None:
+            before(log, older)
+        if removed == "anchor":
+            os.unlink(store.stamps.path)
+        else:
+            assert store.flush(LANDING_WAIT)  # (no writer landing while the directory goes)
+            shutil.rmtree(directory)
         newer = make(server.location, directory, 1)
+        yield log, older, store, newer
+        assert store.stamps.table_path == tier(newer).stamps.table_path
+    assert log.stale_reads() == []
+
+
+def _wrote_k(log: Log, cache: FastCache) -> None:
+    log.set(cache, 0, "k", 1)
+
+
+def test_a_write_by_a_process_on_a_deleted_directory_moves_it_once_its_check_is_due(
+    server: MemcachedServer, directory: str
+) -> None:
+    # As the known failure above, with P's check of the files due when it writes (its last
+    # is FILES_CHECK_INTERVAL old): the write moves P first, so Q reads its stamp.
+    with _made_again(server, directory, "directory", _wrote_k) as (log, older, store, newer):
         log.set(newer, 1, "k", 2)
         assert tier(newer).flush(LANDING_WAIT)
         store._files_due = 0.0  # due
@@ -892,7 +918,6 @@ def test_a_write_by_a_process_on_a_deleted_directory_moves_it_once_its_check_is_
         assert store.flush(LANDING_WAIT)
         server.flush()
         assert log.get(newer, 1, "k") == 3  # P's, landed in the directory's files
-    assert log.stale_reads() == []
 
 
 def test_a_write_by_a_process_whose_anchor_was_removed_moves_it_once_its_check_is_due(
@@ -900,18 +925,11 @@ def test_a_write_by_a_process_whose_anchor_was_removed_moves_it_once_its_check_i
 ) -> None:
     # As the known failure above, with P's check of the files due when it writes: P moves
     # to the table Q made, so its write hides Q's older entry while its own copy waits.
-    log = Log()
-    older = make(server.location, directory, 0)
-    store = tier(older)
-    with _moved_by_its_calls(store):
-        os.unlink(store.stamps.path)
-        newer = make(server.location, directory, 1)
+    with _made_again(server, directory, "anchor") as (log, older, store, newer):
         log.set(newer, 1, "k", 2)
         assert tier(newer).flush(LANDING_WAIT)
         store._files_due = 0.0  # due
         _lost_before_landing(log, server, older, 0, 3, ((1, newer), (0, older)))  # not Q's 2
-        assert store.stamps.table_path == tier(newer).stamps.table_path
-    assert log.stale_reads() == []
 
 
 def test_a_read_by_a_process_whose_anchor_was_removed_moves_it_once_its_check_is_due(
@@ -921,17 +939,12 @@ def test_a_read_by_a_process_whose_anchor_was_removed_moves_it_once_its_check_is
     # afterwards, stamps another table and writes k, acknowledged, its copy held back; then
     # memcached loses k. P's read from disk, its check of the files due, moves P first: its
     # slot then holds Q's stamp, which P's row does not carry (a miss, not P's 1).
-    log = Log()
-    older = make(server.location, directory, 0)
-    store = tier(older)
-    with _moved_by_its_calls(store):
+    def before(log: Log, older: FastCache) -> None:
         _landed_then_lost(log, server, older, 0, "k", 1)
-        os.unlink(store.stamps.path)
-        newer = make(server.location, directory, 1)
+
+    with _made_again(server, directory, "anchor", before) as (log, older, store, newer):
         store._files_due = 0.0  # due
         _lost_before_landing(log, server, newer, 1, 2, ((0, older), (1, newer)))
-        assert store.stamps.table_path == tier(newer).stamps.table_path
-    assert log.stale_reads() == []
 
 
 def test_a_read_by_a_process_on_a_deleted_directory_sees_the_directory_s_outages_once_due(
@@ -941,23 +954,15 @@ def test_a_read_by_a_process_on_a_deleted_directory_sees_the_directory_s_outages
     # node out and writes k during the outage (journaled, on disk only). P's read, its check
     # of the files due, moves P first: it sees the outage and answers from disk, not
     # memcached's older value. (Both threads kept off: no replay meanwhile.)
-    import shutil
-
-    log = Log()
-    older = make(server.location, directory, 0)
-    store = tier(older)
-    with _moved_by_its_calls(store):
-        log.set(older, 0, "k", 1)
-        assert store.flush(LANDING_WAIT)  # (no writer landing while the directory goes)
-        shutil.rmtree(directory)
-        newer = make(server.location, directory, 1)
-        with _still(tier(newer)):
-            tier(newer).node_failed(0)
-            log.set(newer, 1, "k", 2)  # journaled
-            store._files_due = 0.0  # due
-            assert log.get(older, 0, "k") in (None, 2)  # not memcached's 1
-            assert store.states.is_out(0)
-    assert log.stale_reads() == []
+    with (
+        _made_again(server, directory, "directory", _wrote_k) as (log, older, store, newer),
+        _still(tier(newer)),
+    ):
+        tier(newer).node_failed(0)
+        log.set(newer, 1, "k", 2)  # journaled
+        store._files_due = 0.0  # due
+        assert log.get(older, 0, "k") in (None, 2)  # not memcached's 1
+        assert store.states.is_out(0)
 
 
 # -- a write behind landing after a newer write -------------------------------------------------
