@@ -315,9 +315,11 @@ def test_an_entry_older_than_disk_max_staleness_is_not_served(
     cache.set("other", "x")
     entry = on_disk(cache, "k")
     assert entry is not None
+    later = on_disk(cache, "other")  # written after k: stale last
+    assert later is not None
     server.flush()
     assert cache.get("k") == "v"  # from disk: a copy is kept in memory, and ages alike
-    wait_until(lambda: time.time() - entry.written_at > staleness, "the entry is stale")
+    wait_until(lambda: time.time() - later.written_at > staleness, "both entries are stale")
     # On a memcached miss.
     server.flush()
     assert cache.get("k") is None
