@@ -1109,9 +1109,11 @@ class TieredStore:
             if not self.states.is_out(node):
                 stamps = self.stamps
                 slot = slot_of(key)
-                # (The flat path: no call for a first attempt.)
-                prev = stamps.current_slot(slot) if bumped is None else self._before(key, bumped)
-                stamp = stamps.bump_slot(slot, gone=True)
+                if bumped is None:  # (the flat path: one call reads and stamps the slot)
+                    prev, stamp = stamps.replace_slot(slot, gone=True)
+                else:
+                    prev = self._before(key, bumped)
+                    stamp = stamps.bump_slot(slot, gone=True)
                 try:
                     deleted = self.blocking.delete_now(key, True)
                 except FastCacheError as exc:

@@ -394,6 +394,18 @@ class WriteStamps:
         self._words[slot] = stamp
         return stamp
 
+    def replace_slot(self, slot: int, gone: bool = False) -> tuple[int, int]:
+        """:meth:`bump_slot`, returning the stamp it replaced too: (before, new). For a
+        call that reads the slot's stamp just before stamping it (a delete, which answers
+        from the entry under the stamp before), with one check of the anchor for both."""
+        if self._anchor[_A_ID] != self._id and not self._follow():
+            raise self._unavailable()
+        before: int = self._words[slot]
+        stamp = _random_bits(STAMP_BITS)
+        stamp = (stamp & ~1) | 2 if gone else stamp | 1
+        self._words[slot] = stamp
+        return before, stamp
+
     def current_slot(self, slot: int) -> int:
         """:meth:`current` of the slot :func:`slot_of` gave (as for :meth:`bump_slot`)."""
         if self._anchor[_A_ID] != self._id and not self._follow():

@@ -138,6 +138,51 @@ def test_a_slot_found_before_the_table_moved_stamps_and_reads_the_key_in_the_new
     assert not stamps.holds_value(deleted)
 
 
+def test_replace_slot_stamps_the_slot_and_returns_the_stamp_it_replaced(
+    anchor: str, shm: str
+) -> None:
+    # A tiered delete reads its key's stamp (the entry it may answer from) and stamps the
+    # slot gone, in one call.
+    first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    slot = stamps.slot_of(b"k")
+    before, written = first.replace_slot(slot)
+    assert before == 0  # never written
+    assert second.current(b"k") == written
+    assert stamps.holds_value(written)
+    before, deleted = second.replace_slot(slot, gone=True)
+    assert before == written
+    assert first.current(b"k") == deleted != written
+    assert not stamps.holds_value(deleted)
+
+
+def test_replace_slot_follows_a_moved_table_first_and_refuses_when_it_cannot(
+    anchor: str, shm: str, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(stamps, "RETRY_INTERVAL", 0.0)  # every call tries again
+    old = WriteStamps(anchor, shm_root=shm)
+    slot = stamps.slot_of(b"k")
+    left_behind = old.bump_slot(slot)
+    os.unlink(old.table_path)
+    new = WriteStamps(anchor, shm_root=shm)  # another table, named by the anchor
+    written = new.bump(b"k")
+    before, deleted = old.replace_slot(slot, gone=True)
+    assert before == written != left_behind  # the table the others stamp, not its own
+    assert new.current(b"k") == deleted
+    assert old.table_path == new.table_path
+    os.unlink(new.table_path)
+    newer = WriteStamps(anchor, shm_root=shm)
+
+    def out_of_descriptors(path: Any, *args: Any, **kwargs: Any) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    with pytest.raises(stamps.StampsUnavailable):
+        old.replace_slot(slot, gone=True)
+    assert old._words[slot] == deleted  # not stamped in the table it could not leave
+    monkeypatch.undo()
+    assert newer.current(b"k") == 0
+
+
 def test_reopen_on_the_directory_s_anchor_moves_nobody(anchor: str, shm: str) -> None:
     first, second = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
     table = first.table_path
