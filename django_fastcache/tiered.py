@@ -104,6 +104,13 @@ def _is_stub(data: bytes, flags: int) -> bool:
     return not data and not flags
 
 
+def _is_value(found: tuple[bytes, int] | None) -> bool:
+    """Whether a blocking get's ``(value, flags)`` is a value: neither a miss nor a stub.
+    (A call of its own: tested in place, ``found`` would be unpacked, compiled, and a new
+    tuple built to return it.)"""
+    return found is not None and not _is_stub(found[0], found[1])
+
+
 @dataclass
 class TierMetrics:
     """Counters of this process (the journal length is host-wide, read on demand)."""
@@ -487,18 +494,21 @@ class TieredStore:
     def get_now(self, key: bytes) -> tuple[bytes, int] | None:
         """:meth:`get` on the blocking client, as a plain call (the sync API's flat path;
         ``key`` is valid, as the backend's wire keys are)."""
-        if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
+        now = _monotonic()
+        if now >= self._files_due:  # (_follow_files, inline: the flat path)
             self._follow_files()
+            now = _monotonic()
         node = self.cluster.node_index(key)
         epoch = self.states.epoch(node)
         if not epoch & 1:  # up
             try:
-                found = self.blocking.value_now(key, True)
+                # (The node and the clock read here, passed on: not found again.)
+                found = self.blocking.value_at(node, key, now)
             except FastCacheError as exc:
                 self._memcached_failed(node, exc, read=True)
             else:
                 if self.states.epoch(node) == epoch:  # (else: see went_out)
-                    if found is not None and (found[0] or found[1]):  # not a miss or stub
+                    if _is_value(found):
                         return found
                     if not holds_value(self.stamps.current(key)):
                         return None  # deleted, or never written: no disk entry answers

@@ -822,8 +822,13 @@ class BlockingClient(CommandSet):
         keys are. The backend's get, the commonest call of all."""
         if not checked:
             validate_key(key)
-        node = self.cluster.node_index(key)
-        deadline = _monotonic() + self._timeout
+        return self.value_at(self.cluster.node_index(key), key, _monotonic())
+
+    def value_at(self, node: int, key: bytes, now: float) -> tuple[bytes, int] | None:
+        """:meth:`value_now` of a valid ``key`` for a caller that knows its ``node`` and
+        read the clock (``time.monotonic()``) just before: the disk tier, which reads both
+        for checks of its own first, pays for them once."""
+        deadline = now + self._timeout
         connection = self._ready(node, _RETRIEVAL, deadline)
         try:
             # Compiled, one bytes object built at once (two with +).

@@ -24,6 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Final
 
 from ..handles import Handle
 from .stamps import WriteStamps
@@ -40,7 +41,7 @@ from .store import DiskError, DiskStore, Landing
 INTERVAL = 2.0
 #: Writes that land at once, without waiting out the interval: a burst lands in batches of
 #: about this many (the batch's Python work stays short, and the queue far from full).
-BATCH = 1000
+BATCH: Final = 1000
 #: Writes a queue may hold; past it new ones are not queued (their keys miss on disk).
 MAX_QUEUE = 100_000
 #: Seconds the process's exit waits for its queues to land.

@@ -1254,7 +1254,7 @@ def test_a_read_answered_after_its_node_went_out_is_not_served(
     start = time.monotonic_ns()
     if read == "get_now":  # the sync API's flat path, on the tier's own blocking client
         real = store.blocking
-        store.blocking = calling_first(real, "value_now", incr_times_out)
+        store.blocking = calling_first(real, "value_at", incr_times_out)
         try:
             value = cache.get("n")
         finally:
@@ -1351,7 +1351,7 @@ def test_a_read_answered_after_its_node_went_out_gets_the_disk_s_value(
     def incr_times_out() -> None:
         assert _timed_out_incr(log, other, 1, "n") == 6  # the disk counts as memcached did
 
-    store.blocking = calling_first(real := store.blocking, "value_now", incr_times_out)
+    store.blocking = calling_first(real := store.blocking, "value_at", incr_times_out)
     try:
         assert log.get(cache, 0, "n") == 6  # the disk's count, made by the timed-out incr
     finally:
