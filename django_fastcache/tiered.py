@@ -251,18 +251,8 @@ class TieredStore:
         (:class:`LocalResourceError`), leaves the node alone: a read is answered by the disk
         tier; a write is refused (journaling it would need the node out)."""
         if isinstance(exc, LocalResourceError):
-            self.metrics.local_failures += 1
-            if self._warnings.allow(("local", node)):
-                logger.warning(
-                    "could not reach memcached node %s from this process: %s; %s",
-                    self.cluster.node_ids[node],
-                    exc,
-                    "reads are answered by the disk tier, writes fail"
-                    " (the node stays up for other processes)",
-                )
-            if read:
-                return
-            raise exc
+            self._local_failure(self.cluster.node_ids[node], exc, read=read)
+            return
         if isinstance(exc, NODE_FAILURES) and not isinstance(exc, MetaUnsupportedError):
             self.node_failed(node, exc)
             return
@@ -272,6 +262,21 @@ class TieredStore:
                 self.node_failed(node, refused)
                 return
         raise exc
+
+    def _local_failure(self, node_id: str | None, exc: LocalResourceError, *, read: bool) -> None:
+        """This process's own trouble reaching memcached (see :meth:`_memcached_failed`),
+        at ``node_id``; None for a call over several nodes, whose error names the one."""
+        self.metrics.local_failures += 1
+        if self._warnings.allow(("local", node_id)):
+            logger.warning(
+                "could not reach %s from this process: %s; %s",
+                "memcached" if node_id is None else f"memcached node {node_id}",
+                exc,
+                "reads are answered by the disk tier, writes fail"
+                " (the node stays up for other processes)",
+            )
+        if not read:
+            raise exc
 
     def _disk_failed(self, key: bytes | None = None, error: BaseException | None = None) -> None:
         self.metrics.disk_failures += 1
@@ -636,7 +641,8 @@ class TieredStore:
             except LocalResourceError as exc:
                 # This process's own trouble (a busy pool, no descriptors): asked again key
                 # by key, each would wait as long again. The disk tier answers them all.
-                self._memcached_failed(self.cluster.node_index(up[0]), exc, read=True)
+                # (Of one node, which the error names: not necessarily the first key's.)
+                self._local_failure(None, exc, read=True)
                 out += up
                 items = {}
                 up = []

@@ -249,3 +249,57 @@ def test_a_busy_pool_marks_no_node_out(memcached: MemcachedServer, tmp_path: Pat
 def node_state(cache: object) -> str:
     stats = cache.tier_stats()  # type: ignore[attr-defined]
     return str(next(iter(stats["nodes"].values()))["state"])
+
+
+def test_a_busy_pool_in_a_get_many_over_two_nodes_is_not_blamed_on_the_first_key_s(
+    memcached_cluster: object, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A get_many over two nodes whose second node's pool is busy: the warning names no
+    node of its own (it named the first key's, whose pool was fine), and the error it
+    quotes names the busy one."""
+    import logging
+
+    from django_fastcache.backends import FastCache
+
+    first, second = memcached_cluster.tcp[:2]  # type: ignore[attr-defined]
+    cache = FastCache(
+        [first.location, second.location],
+        {
+            "OPTIONS": {
+                "disk_directory": str(tmp_path / "disk"),
+                "operation_timeout": 0.3,
+                "connect_timeout": TIMEOUT,
+                "max_connections": 1,
+            }
+        },
+    )
+    cluster = cache.client.cluster
+    # A key of each node, the first node's first.
+    keys: dict[int, str] = {}
+    for n in range(1000):
+        keys.setdefault(cluster.node_index(cache.wire_key(f"k{n}")), f"k{n}")
+        if len(keys) == 2:
+            break
+    on_first, on_second = keys[0], keys[1]
+
+    async def scenario() -> dict[str, object]:
+        await cache.aset_many({on_first: 1, on_second: 2})
+        pool = cache.client._pools()[1]
+        held = await pool.acquire(asyncio.get_running_loop().time() + 30.0)
+        try:
+            with caplog.at_level(logging.WARNING, logger="django_fastcache"):
+                return await cache.aget_many([on_first, on_second])
+        finally:
+            pool.release(held)
+
+    try:
+        found = asyncio.run(scenario())
+    finally:
+        cache.close()
+    warnings = [r.getMessage() for r in caplog.records if "could not reach" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("could not reach memcached from this process: "), warnings
+    assert f"node {first.location}" not in warnings[0]
+    assert second.location in warnings[0]
+    # The disk tier answered both (their copies may not have landed yet: a miss, no error).
+    assert set(found) <= {on_first, on_second}
