@@ -42,7 +42,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar, cast
 
 from .bridge import run_blocking
@@ -136,7 +136,6 @@ class TierMetrics:
     #: Lease winners' stores (get_or_set's ``ms … C<cas>``) memcached took: the consistency
     #: checker tells from it whether a computed value was written.
     leased_stores: int = 0
-    by_node: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class TieredStore:
