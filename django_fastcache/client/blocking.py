@@ -60,7 +60,7 @@ from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .events import NodeHealth
 from .failures import connect_error, refusal_error
 from .metrics import ClientMetrics, Latencies, MetricsSnapshot, new_calls
-from .security import check_auth_reply, tls_error, tls_session_error
+from .security import ENDED_UNANSWERED, check_auth_reply, tls_error, tls_session_error
 from .thread_connections import ThreadConnections
 
 # Larger replies take several reads; most take one.
@@ -431,14 +431,23 @@ class TLSConnection(BlockingConnection):
     An SSL socket cannot use the kernel's timeouts: a read that runs out of
     ``SO_RCVTIMEO`` is retried by the TLS layer for ever. So it keeps Python's own socket
     timeout (a poll before each system call), and it takes no ``recv`` flags. Bytes the TLS
-    layer has decrypted but not handed over count as unread."""
+    layer has decrypted but not handed over count as unread.
 
-    __slots__ = ("_tls",)
+    Under TLS 1.3 a server that refuses the client's certificate (or the lack of one)
+    says so only after the handshake, with an alert and a close; a request of the client's
+    still unread there turns the close into a reset, which may reach the client before the
+    alert (Python 3.11's TLS layer reads a reset as the end of the stream). So a
+    connection that ends or is reset before its first answer reports that refusal too, as
+    on the async client (:class:`~.connection.Connection`)."""
+
+    __slots__ = ("_answered", "_tls")
 
     def __init__(self, address: Address, sock: ssl.SSLSocket, timeout: float,
                  max_value_size: int) -> None:  # fmt: skip
         super().__init__(address, sock, timeout, max_value_size)
         self._tls = sock
+        #: Whether the server answered anything on this connection yet.
+        self._answered = False
         sock.settimeout(timeout)
 
     def readable(self) -> bool:
@@ -457,7 +466,9 @@ class TLSConnection(BlockingConnection):
         except ConnectionLostError as exc:
             # __context__ too: compiled by mypyc, ``raise ... from`` left only the context.
             cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, ssl.SSLError):
+            if isinstance(cause, ssl.SSLError) or (
+                isinstance(cause, ConnectionError) and not self._answered
+            ):
                 raise self._tls_failed(cause) from cause
             raise
 
@@ -480,7 +491,7 @@ class TLSConnection(BlockingConnection):
         count = self._recv(0)
         return bytes(self._view[:count])
 
-    def _tls_failed(self, exc: ssl.SSLError) -> TLSError:
+    def _tls_failed(self, exc: ssl.SSLError | OSError | str) -> TLSError:
         # Under TLS 1.3 a server that refuses the client's certificate says so only after
         # the handshake, on the first exchange.
         return tls_session_error(self.address, exc)
@@ -504,9 +515,14 @@ class TLSConnection(BlockingConnection):
         except ssl.SSLError as exc:
             raise self._tls_failed(exc) from exc
         except OSError as exc:
+            if isinstance(exc, ConnectionError) and not self._answered:
+                raise self._tls_failed(exc) from exc
             raise ConnectionLostError(f"connection to {self.address} lost: {exc}") from exc
         if not count:
+            if not self._answered:
+                raise self._tls_failed(ENDED_UNANSWERED)
             raise ConnectionLostError(f"{self.address} closed the connection")
+        self._answered = True
         return count
 
     def _limit_kernel_timeout(self, deadline: float) -> bool:

@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..protocol import ReplyKind, ReplyParser
 from .failures import REFUSAL_LINE, refusal_error, refused
-from .security import tls_session_error
+from .security import ENDED_UNANSWERED, tls_session_error
 
 
 class Receiver(Protocol):
@@ -129,9 +129,11 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._closed_error is None:
             if isinstance(exc, ssl.SSLError) or (
-                self._tls_unanswered and isinstance(exc, ConnectionResetError)
+                self._tls_unanswered and isinstance(exc, ConnectionError)
             ):
                 self._closed_error = tls_session_error(self.address, exc)
+            elif self._tls_unanswered and exc is None:
+                self._closed_error = tls_session_error(self.address, ENDED_UNANSWERED)
             else:
                 self._closed_error = ConnectionLostError(
                     "the server closed the connection" if exc is None else f"connection lost: {exc}"

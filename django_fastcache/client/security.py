@@ -231,9 +231,15 @@ def tls_error(address: object, hostname: str | None, exc: ssl.SSLError) -> TLSEr
     )
 
 
-def tls_session_error(address: object, exc: ssl.SSLError | OSError) -> TLSError:
+#: Why a TLS connection failed when it ended before its first reply without an error.
+ENDED_UNANSWERED = "the connection ended before any reply"
+
+
+def tls_session_error(address: object, exc: ssl.SSLError | OSError | str) -> TLSError:
     """The error for a TLS session with ``address`` that broke after the handshake: under
-    TLS 1.3 that is how memcached refuses a client's certificate (or the lack of one)."""
+    TLS 1.3 that is how memcached refuses a client's certificate (or the lack of one), with
+    an alert and a close, or (when a request of the client's was still unread there) a
+    reset, which may overtake the alert. A reason as text: no exception said why."""
     reason = getattr(exc, "reason", None) or exc
     return TLSError(
         f"the TLS session with {address} failed ({reason}): if memcached verifies client "
