@@ -135,10 +135,9 @@ def unwritable_reason(directory: str) -> str | None:
             return _unwritable(directory, path)
         for name in files:
             file = os.path.join(path, name)
-            if not os.access(file, os.R_OK | os.W_OK, effective_ids=_EFFECTIVE):
-                if not os.path.lexists(file):
-                    continue  # gone since listed: SQLite's journal of another process's write
-                return _unwritable(directory, file)
+            if name.endswith(_ROLLBACK_JOURNAL) or _can_write(file):
+                continue
+            return _unwritable(directory, file)
         # The tier's own files sit within two levels (values/<shard>/cache.db); what
         # lies deeper is large values in files of their own, possibly many.
         depth = 0 if path == existing else os.path.relpath(path, existing).count(os.sep) + 1
@@ -149,6 +148,21 @@ def unwritable_reason(directory: str) -> str | None:
 
 
 _EFFECTIVE = os.access in os.supports_effective_ids
+#: SQLite's rollback journal: made and removed by every process that creates a shard's
+#: database (before its switch to WAL), so it comes and goes while the tree is walked.
+_ROLLBACK_JOURNAL = "-journal"
+
+
+def _can_write(file: str) -> bool:
+    """Whether this process may read and write ``file``, or it is gone. A file that went
+    while it was listed may be back, made again by another process, by the time it is
+    looked for: access() is asked again before the file is blamed."""
+    for _attempt in range(3):
+        if os.access(file, os.R_OK | os.W_OK, effective_ids=_EFFECTIVE):
+            return True
+        if not os.path.lexists(file):
+            return True  # gone since listed
+    return False
 
 
 def _unwritable(directory: str, path: str) -> str:

@@ -144,3 +144,60 @@ def test_a_file_gone_since_listed_is_no_reason_to_refuse(
 
     monkeypatch.setattr("django_fastcache.disk.location.os.walk", walk_listing_a_vanished_journal)
     prepare(str(target))  # does not raise
+
+
+def _access_refusing(refused: dict[str, int]) -> object:
+    """os.access, answering False for the paths in ``refused`` as many times as given
+    there (-1: always)."""
+    access = os.access
+
+    def fake(path: str, mode: int, **kwargs: object) -> bool:
+        left = refused.get(os.path.basename(path), 0)
+        if left:
+            refused[os.path.basename(path)] = left - 1
+            return False
+        return access(path, mode, **kwargs)  # type: ignore[arg-type]
+
+    return fake
+
+
+def test_a_file_gone_and_made_again_while_looked_at_is_no_reason_to_refuse(
+    parent: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Forked processes making the tier at once: a file listed by the walk is gone when
+    # access() looks for it, and made again by another process when the walk asks whether
+    # it still exists (the herd test's children were refused so, once, under Python 3.13).
+    target = parent / "disk"
+    prepare(str(target))
+    (target / "cache.db-wal").write_bytes(b"")
+    monkeypatch.setattr(
+        "django_fastcache.disk.location.os.access", _access_refusing({"cache.db-wal": 1})
+    )
+    prepare(str(target))  # does not raise
+
+
+def test_a_rollback_journal_is_not_judged(parent: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SQLite's rollback journal comes and goes with each process that creates a shard's
+    # database: whatever access() says of it at one moment says nothing of the tier.
+    target = parent / "disk"
+    prepare(str(target))
+    (target / "cache.db-journal").write_bytes(b"")
+    monkeypatch.setattr(
+        "django_fastcache.disk.location.os.access", _access_refusing({"cache.db-journal": -1})
+    )
+    prepare(str(target))  # does not raise
+
+
+def test_a_file_this_process_cannot_write_is_named(
+    parent: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = parent / "disk"
+    prepare(str(target))
+    (target / "cache.db").write_bytes(b"")
+    monkeypatch.setattr(
+        "django_fastcache.disk.location.os.access", _access_refusing({"cache.db": -1})
+    )
+    with pytest.raises(PermissionError, match="not writable by this process") as refused:
+        prepare(str(target))
+    assert str(target / "cache.db") in str(refused.value)
+    assert "chmod -R u+rwX" in str(refused.value)
