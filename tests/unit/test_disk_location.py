@@ -132,17 +132,17 @@ def test_the_system_check_names_a_hostile_parent(parent: Path) -> None:
 def test_a_file_gone_since_listed_is_no_reason_to_refuse(
     parent: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Another process's SQLite write creates and removes cache.db-journal beside its
-    # database: the walk may list it and find it gone a moment later.
+    # SQLite removes a database's -wal and -shm files when its last connection closes:
+    # the walk may list one and find it gone a moment later.
     target = parent / "disk"
     prepare(str(target))
     walk = os.walk
 
-    def walk_listing_a_vanished_journal(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    def walk_listing_a_vanished_wal(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
         for path, names, files in walk(top):
-            yield path, names, [*files, "cache.db-journal"]
+            yield path, names, [*files, "cache.db-wal"]
 
-    monkeypatch.setattr("django_fastcache.disk.location.os.walk", walk_listing_a_vanished_journal)
+    monkeypatch.setattr("django_fastcache.disk.location.os.walk", walk_listing_a_vanished_wal)
     prepare(str(target))  # does not raise
 
 
