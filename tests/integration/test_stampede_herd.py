@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing.connection import wait
 from typing import Any
 
 import pytest
@@ -142,14 +143,23 @@ def fork_callers(
 
 
 def process_results(cache: FastCache, processes: list[Any]) -> list[Any]:
-    for process in processes:
-        process.join(WAIT * 2)
-    for process in processes:
-        if process.exitcode is None:
-            # Stuck: have it print where (the handler is inherited from this process).
-            os.kill(process.pid, signal.SIGUSR1)
-            process.join(2)
+    deadline = time.monotonic() + WAIT * 2
+    running = {process.sentinel: process for process in processes}
+    # Until all are done, or one failed (it printed why: the herd it was one of can never
+    # gather now), or the deadline.
+    while running and time.monotonic() < deadline:
+        for sentinel in wait(list(running), max(0.0, deadline - time.monotonic())):
+            running.pop(sentinel).join()
+        if any(process.exitcode not in (None, 0) for process in processes):
+            break
+    stuck = [process for process in processes if process.exitcode is None]
+    if stuck:
+        # Have the first print where it is (the handler is inherited from this process).
+        os.kill(stuck[0].pid, signal.SIGUSR1)
+        stuck[0].join(2)
+        for process in stuck:
             process.kill()
+            process.join()
     assert [process.exitcode for process in processes] == [0] * len(processes)
     found = cache.get_many([f"result-{n}" for n in range(len(processes))])
     return list(found.values())
