@@ -16,7 +16,7 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 
-from .loopback import LoopbackServer
+from .loopback import ThreadPerConnectionServer
 
 __all__ = ["FakeConfigEndpoint", "config_reply"]
 
@@ -28,7 +28,7 @@ def config_reply(version: int, nodes: Sequence[tuple[str, str, int]]) -> bytes:
     return b"CONFIG cluster 0 %d\r\n%s\r\nEND\r\n" % (len(payload), payload)
 
 
-class FakeConfigEndpoint(LoopbackServer):
+class FakeConfigEndpoint(ThreadPerConnectionServer):
     thread_name = "fake-config-endpoint"
 
     def __init__(
@@ -47,7 +47,6 @@ class FakeConfigEndpoint(LoopbackServer):
         self.fail: str | None = None
         #: ``config get cluster`` requests received.
         self.requests = 0
-        self._peers: list[socket.socket] = []
 
     def set_nodes(self, nodes: Sequence[tuple[str, str, int]]) -> None:
         """A new node list, under the next configuration version."""
@@ -63,21 +62,6 @@ class FakeConfigEndpoint(LoopbackServer):
             time.sleep(0.005)
         return True
 
-    def _connected(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._peers.append(sock)
-        self._spawn(self._serve, sock)
-
-    def _close_connections(self) -> None:
-        with self._lock:
-            peers, self._peers = self._peers, []
-        for sock in peers:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-
     def _serve(self, sock: socket.socket) -> None:
         buffer = b""
         if self.tls is not None:
@@ -87,8 +71,7 @@ class FakeConfigEndpoint(LoopbackServer):
             except (OSError, ssl.SSLError):
                 plain.close()
                 return
-            with self._lock:  # stop() must close the socket that now owns the descriptor
-                self._peers = [sock if peer is plain else peer for peer in self._peers]
+            self._adopt(plain, sock)
         try:
             while not self.stopping.is_set():
                 data = sock.recv(4096)

@@ -2,11 +2,13 @@
 
 Subclasses say what to do with each accepted connection (:meth:`_connected`) and how to
 close the connections they keep (:meth:`_close_connections`); starting, the accept loop,
-thread bookkeeping and stopping are here. Everything runs on 127.0.0.1.
+thread bookkeeping and stopping are here. :class:`ThreadPerConnectionServer` does both for
+the usual case, a thread per connection. Everything runs on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable
@@ -96,3 +98,35 @@ class LoopbackServer:
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._connected(sock)
+
+
+class ThreadPerConnectionServer(LoopbackServer):
+    """Serves each connection in a thread of its own (:meth:`_serve`); stopping closes
+    every connection's socket, which ends those threads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sockets: list[socket.socket] = []
+
+    def _serve(self, sock: socket.socket) -> None:
+        """Serve one connection (its thread's whole life)."""
+        raise NotImplementedError
+
+    def _adopt(self, plain: socket.socket, wrapped: socket.socket) -> None:
+        """``wrapped`` (a TLS socket made of ``plain``) now owns the connection's
+        descriptor: stopping must close that one."""
+        with self._lock:
+            self._sockets = [wrapped if sock is plain else sock for sock in self._sockets]
+
+    def _connected(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+        self._spawn(self._serve, sock)
+
+    def _close_connections(self) -> None:
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()

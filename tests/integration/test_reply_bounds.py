@@ -20,7 +20,7 @@ from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.client.commands import CommandSet
 from django_fastcache.errors import OperationTimeoutError, ProtocolError
 from django_fastcache.testing.fake_server import Action, FakeMemcached
-from django_fastcache.testing.loopback import LoopbackServer
+from django_fastcache.testing.loopback import LoopbackServer, ThreadPerConnectionServer
 from tests.integration.client_runner import Runner, runner_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -95,7 +95,7 @@ def test_get_many_refuses_the_same_key_twice(run: Runner) -> None:
 
 
 # -- servers that never finish ---------------------------------------------------------------
-class _Streaming(LoopbackServer):
+class _Streaming(ThreadPerConnectionServer):
     """Reads one request, then writes ``first`` (its ``%s`` replaced by the first key asked
     for) and ``chunk`` after it forever (every ``interval`` seconds), until the client goes
     away."""
@@ -106,11 +106,6 @@ class _Streaming(LoopbackServer):
         super().__init__()
         self.first, self.chunk, self.interval = first, chunk, interval
         self.sent = 0
-        self._socks: list[socket.socket] = []
-
-    def _connected(self, sock: socket.socket) -> None:
-        self._socks.append(sock)
-        self._spawn(self._serve, sock)
 
     def _serve(self, sock: socket.socket) -> None:
         try:
@@ -124,10 +119,6 @@ class _Streaming(LoopbackServer):
                 self.sent += len(self.chunk)
         except OSError:
             return
-
-    def _close_connections(self) -> None:
-        for sock in self._socks:
-            sock.close()
 
 
 class _Deaf(LoopbackServer):

@@ -44,7 +44,7 @@ from django_fastcache.testing.certificates import (
     openssl_available,
 )
 from django_fastcache.testing.fake_server import Action, FakeMemcached
-from django_fastcache.testing.loopback import LoopbackServer
+from django_fastcache.testing.loopback import ThreadPerConnectionServer
 from django_fastcache.testing.servers import MemcachedServer, ServerTLS
 
 pytestmark = pytest.mark.skipif(
@@ -192,6 +192,22 @@ def refusal_of_blocking(servers: list[str], **options: Any) -> tuple[BaseExcepti
     return caught.value, time.monotonic() - began
 
 
+def assert_certificate_asked_for(
+    run_async: Callable[[Coroutine[Any, Any, Any]], Any],
+    servers: list[str],
+    certificates: Certificates,
+) -> None:
+    """Both clients, without a client certificate, get a TLSError naming cert_file, as
+    soon as the server hangs up."""
+    for error, took in (
+        refusal_of_async(run_async, servers, ssl=trusted(certificates)),
+        refusal_of_blocking(servers, ssl=trusted(certificates)),
+    ):
+        assert type(error) is TLSError, repr(error)
+        assert took < PATIENT["timeout"]
+        assert "cert_file" in str(error)
+
+
 def assert_refused_at_once(
     refusal: tuple[BaseException, float], kind: type[NetworkError], *words: str
 ) -> None:
@@ -313,16 +329,10 @@ def test_without_the_client_certificate_the_server_hangs_up(
     # Under TLS 1.3 the server judges the client's certificate after the client's side of
     # the handshake is done: the refusal comes with the first reply, still a TLS error.
     servers = [mutual_tls_server.location]
-    for error, took in (
-        refusal_of_async(run_async, servers, ssl=trusted(certificates)),
-        refusal_of_blocking(servers, ssl=trusted(certificates)),
-    ):
-        assert type(error) is TLSError, repr(error)
-        assert took < PATIENT["timeout"]
-        assert "cert_file" in str(error)
+    assert_certificate_asked_for(run_async, servers, certificates)
 
 
-class HangingUpTLSServer(LoopbackServer):
+class HangingUpTLSServer(ThreadPerConnectionServer):
     """Finishes the TLS handshake, reads the first request, then ends the connection
     without an alert, by a reset (``reset``) or a close: what a client of a TLS 1.3 server
     that refused its certificate sees when the end overtakes the alert."""
@@ -334,22 +344,11 @@ class HangingUpTLSServer(LoopbackServer):
         self.reset = reset
         self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.tls.load_cert_chain(certificates.server_cert, certificates.server_key)
-        self._peers: list[socket.socket] = []
-
-    def _connected(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._peers.append(sock)
-        self._spawn(self._serve, sock)
-
-    def _close_connections(self) -> None:
-        with self._lock:
-            peers, self._peers = self._peers, []
-        for sock in peers:
-            sock.close()
 
     def _serve(self, plain: socket.socket) -> None:
         try:
             sock = self.tls.wrap_socket(plain, server_side=True)
+            self._adopt(plain, sock)
             if sock.recv(4096) and self.reset:  # the first request, whole or in part
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()
@@ -368,13 +367,7 @@ def test_a_tls_connection_ended_before_its_first_reply_names_the_certificate(
     # both clients name the likely fix all the same.
     with HangingUpTLSServer(certificates, reset=reset) as server:
         servers = [server.location]
-        for error, took in (
-            refusal_of_async(run_async, servers, ssl=trusted(certificates)),
-            refusal_of_blocking(servers, ssl=trusted(certificates)),
-        ):
-            assert type(error) is TLSError, repr(error)
-            assert took < PATIENT["timeout"]
-            assert "cert_file" in str(error)
+        assert_certificate_asked_for(run_async, servers, certificates)
 
 
 def test_missing_certificate_files_are_a_configuration_error(
