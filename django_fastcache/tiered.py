@@ -1545,6 +1545,7 @@ class TieredStore:
             "fallbacks": metrics.fallbacks,
             "disk_hits": metrics.disk_hits,
             "refills": metrics.refills,
+            "leased_stores": metrics.leased_stores,
             "disk_failures": metrics.disk_failures,
             "journaled": metrics.journaled,
             "replays": metrics.replays,

@@ -15,6 +15,7 @@ import asyncio
 import gc
 import itertools
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -220,6 +221,20 @@ def test_a_memcached_hit_is_memcacheds_answer(cache: FastCache, raw: Raw) -> Non
     stats = cache.tier_stats()
     assert stats is not None
     assert (stats["disk_hits"], stats["refills"], stats["fallbacks"]) == (0, 0, 0)
+
+
+def test_every_tier_stats_key_has_a_row_in_the_disk_tier_page(cache: FastCache) -> None:
+    stats = cache.tier_stats()
+    assert stats is not None
+    page = (REPO_ROOT / "docs" / "disk-tier.md").read_text(encoding="utf-8")
+    table = page.split("`cache.tier_stats()` returns", 1)[1].split("\n\n", 2)[1]
+    documented = set(
+        re.findall(
+            r"`([a-z_]+)`", "\n".join(line.split(" | ", 1)[0] for line in table.splitlines())
+        )
+    )
+    assert set(stats) - documented == set(), "tier_stats() keys not in docs/disk-tier.md"
+    assert documented - set(stats) == set(), "docs/disk-tier.md names keys tier_stats() lacks"
 
 
 def test_a_memcached_miss_is_answered_from_disk_and_memcached_is_refilled(
