@@ -126,6 +126,18 @@ class DiskError(FastCacheError):
     """The disk tier could not read or write (locked, read-only, removed, corrupt)."""
 
 
+class LandingError(DiskError):
+    """A group commit (:meth:`DiskStore.land`) failed on one shard or more; the other
+    shards' writes landed. ``landed`` and ``skipped`` count those, ``failed`` the writes of
+    the shards that failed."""
+
+    def __init__(self, message: str, landed: int, skipped: int, failed: int) -> None:
+        super().__init__(message)
+        self.landed = landed
+        self.skipped = skipped
+        self.failed = failed
+
+
 class DiskEntry(NamedTuple):
     """One disk entry, immutable. (A tuple: one is made per read from disk, and a frozen
     dataclass cost five times as much to make.)"""
@@ -376,7 +388,8 @@ class DiskStore:
         A write lands only if ``current(key)`` (its slot's stamp, read while the shard's
         lock is held) is still the write's stamp: one overtaken by a newer write or delete
         of its slot is skipped (so is an earlier write of a key written again in the same
-        batch). Returns (landed, skipped)."""
+        batch). Returns (landed, skipped). :class:`LandingError` when a shard's transaction
+        failed: the other shards' writes landed all the same, and its counts say how many."""
         latest = {write[0]: write for write in writes}
         shards = self._shards_now()
         # Each shard's writes, encoded here, before its transaction: the GIL is handed over
@@ -402,42 +415,76 @@ class DiskStore:
             if not done % YIELD_EVERY:
                 _yield_gil()
         landed = 0
+        # A shard that fails loses its own writes, not the other shards' (each is landed
+        # by a transaction of its own, and stamp-checked: any order is safe).
+        failed = 0
+        failure: DiskError | None = None
         for index in sorted(by_shard):
-            shard = shards[index]
-            slow: list[Landing] = []  # large values, and rows that hold a file
-            with self._failures("write behind"), forkgate.writing():
-                # Plain statements in a plain transaction: diskcache's own, needed by its
-                # calls for the rows that involve files, costs as much again.
-                con = shard._con
-                self._waiting(functools.partial(_begin, con))
-                try:
-                    now = time.time()
-                    upserts: list[_Row] = []
-                    deletes: list[tuple[bytes | bytearray]] = []
-                    for write, raw in by_shard[index]:
-                        key, stamp, _data, _flags, expire_at, _written_at = write
-                        if current(key) != stamp:
-                            skipped += 1
-                        elif raw is None or (expire_at is not None and expire_at <= now):
-                            deletes.append((as_blob(key),))
-                        elif len(raw) >= _FILE_THRESHOLD:
-                            slow.append(write)
-                        else:
-                            upserts.append((as_blob(key), now, expire_at, now, as_blob(raw)))
-                    with_files = _land_rows(con, upserts, deletes)
-                    con.execute("COMMIT")
-                except BaseException:
-                    with contextlib.suppress(Exception):  # none open after a failed COMMIT
-                        con.execute("ROLLBACK")
-                    raise
-            landed += len(upserts) + len(deletes) - len(with_files)
-            if with_files:
-                slow += [w for w, _raw in by_shard[index] if w[0] in with_files]
-            if slow:
+            try:
+                done, passed = self._land_shard(shards[index], by_shard[index], current)
+            except LandingError as exc:
+                landed, skipped, failed = (
+                    landed + exc.landed,
+                    skipped + exc.skipped,
+                    failed + exc.failed,
+                )
+                failure = failure or exc
+            except DiskError as exc:
+                failed += len(by_shard[index])
+                failure = failure or exc
+            else:
+                landed += done
+                skipped += passed
+        if failure is not None:
+            raise LandingError(str(failure), landed, skipped, failed) from failure
+        return landed, skipped
+
+    def _land_shard(
+        self,
+        shard: diskcache.Cache,
+        writes: list[tuple[Landing, bytes | None]],
+        current: Callable[[bytes], int],
+    ) -> tuple[int, int]:
+        """:meth:`land`'s writes of one shard, encoded: (landed, skipped). DiskError when
+        none landed; LandingError when those involving files failed after the rest."""
+        landed = skipped = 0
+        slow: list[Landing] = []  # large values, and rows that hold a file
+        with self._failures("write behind"), forkgate.writing():
+            # Plain statements in a plain transaction: diskcache's own, needed by its
+            # calls for the rows that involve files, costs as much again.
+            con = shard._con
+            self._waiting(functools.partial(_begin, con))
+            try:
+                now = time.time()
+                upserts: list[_Row] = []
+                deletes: list[tuple[bytes | bytearray]] = []
+                for write, raw in writes:
+                    key, stamp, _data, _flags, expire_at, _written_at = write
+                    if current(key) != stamp:
+                        skipped += 1
+                    elif raw is None or (expire_at is not None and expire_at <= now):
+                        deletes.append((as_blob(key),))
+                    elif len(raw) >= _FILE_THRESHOLD:
+                        slow.append(write)
+                    else:
+                        upserts.append((as_blob(key), now, expire_at, now, as_blob(raw)))
+                with_files = _land_rows(con, upserts, deletes)
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(Exception):  # none open after a failed COMMIT
+                    con.execute("ROLLBACK")
+                raise
+        landed += len(upserts) + len(deletes) - len(with_files)
+        if with_files:
+            slow += [w for w, _raw in writes if w[0] in with_files]
+        if slow:
+            try:
                 with self._failures("write behind"), self._transaction(shard):
                     done = self._land_slow(shard, slow, current)
-                landed += done
-                skipped += len(slow) - done
+            except DiskError as exc:
+                raise LandingError(str(exc), landed, skipped, len(slow)) from exc
+            landed += done
+            skipped += len(slow) - done
         return landed, skipped
 
     @staticmethod

@@ -28,7 +28,7 @@ from typing import Final
 
 from ..handles import Handle
 from .stamps import WriteStamps
-from .store import DiskError, DiskStore, Landing
+from .store import DiskError, DiskStore, Landing, LandingError
 
 #: Seconds between group commits while writes keep coming. A commit costs about as much
 #: for one write as for a hundred (one transaction per shard), and far more when other
@@ -210,11 +210,16 @@ class WriteBehind:
                 landed, skipped = self.disk.land(writes, self.stamps.current)
             except DiskError as exc:
                 # Their stamps are in place, so the entries they were to replace no longer
-                # answer: lost writes miss.
-                self.failed += len(writes)
+                # answer: lost writes miss. (Those of the shards that did not fail landed.)
+                lost = len(writes)
+                if isinstance(exc, LandingError):
+                    lost = exc.failed
+                    self.landed += exc.landed
+                    self.skipped += exc.skipped
+                self.failed += lost
                 if self._on_failure is not None:
                     with contextlib.suppress(Exception):
-                        self._on_failure(exc, len(writes))
+                        self._on_failure(exc, lost)
             except Exception:  # the thread must go on, whatever one batch did
                 self.failed += len(writes)
             else:

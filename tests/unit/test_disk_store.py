@@ -6,6 +6,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -191,3 +192,68 @@ def test_a_batch_lands_every_row_whatever_its_size(tmp_path: Path, count: int) -
         assert _files(tmp_path) == []
     finally:
         store.close()
+
+
+def test_a_shard_that_cannot_be_written_loses_only_its_own_writes(tmp_path: Path) -> None:
+    """One shard's group commit fails (its lock held elsewhere, for good): the writes of
+    the other shards land all the same, and the error counts both."""
+    import sqlite3
+
+    from django_fastcache.disk.stamps import WriteStamps
+    from django_fastcache.disk.store import LandingError
+    from django_fastcache.disk.writebehind import WriteBehind
+
+    store = DiskStore(str(tmp_path / "values"), shards=2, timeout=0.001, lock_wait=0.0)
+    keys = [b"k%d" % n for n in range(40)]
+    locked = [key for key in keys if store.shard_of(key) == 0]
+    free = [key for key in keys if store.shard_of(key) == 1]
+    assert locked
+    assert free
+    stamps = {key: 1 for key in keys}
+    try:
+        store.set(locked[0], b"before", 0, None)  # the locked shard's database made
+        database = tmp_path / "values" / "000" / "cache.db"
+        other = sqlite3.connect(database, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process's transaction, stuck
+            with pytest.raises(LandingError) as raised:
+                store.land([(key, 1, b"new", 0, None, 1.0) for key in keys], stamps.__getitem__)
+            assert (raised.value.landed, raised.value.skipped, raised.value.failed) == (
+                len(free),
+                0,
+                len(locked),
+            )
+            assert "write behind failed" in str(raised.value)
+            # The writer behind counts the same way: the free shard's writes landed.
+            failures: list[int] = []
+            writer = WriteBehind(
+                store,
+                cast(WriteStamps, _Stamps(stamps)),
+                on_failure=lambda _error, lost: failures.append(lost),
+            )
+            writer.pause()  # one batch
+            for key in keys:
+                writer.put(key, 1, b"newer", 0, None, 2.0)
+            writer.resume()
+            assert writer.flush()
+            assert (writer.landed, writer.skipped, writer.failed) == (len(free), 0, len(locked))
+            assert failures == [len(locked)]
+            writer.stop()
+        finally:
+            other.close()
+        for key in free:
+            entry = store.get(key)
+            assert entry is not None
+            assert entry.data == b"newer"
+        held = store.get(locked[0])
+        assert held is not None
+        assert held.data == b"before"
+    finally:
+        store.close()
+
+
+class _Stamps:
+    """Stands in for WriteStamps: the one call the writer behind makes of it."""
+
+    def __init__(self, stamps: dict[bytes, int]) -> None:
+        self.current = stamps.__getitem__
