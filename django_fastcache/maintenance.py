@@ -26,7 +26,6 @@ from . import logs
 from .disk import DiskError
 from .handles import Handle
 from .logs import logger
-from .signals import node_back
 from .tiered import TieredStore
 
 MIN_BACKOFF = 0.05
@@ -175,13 +174,9 @@ class Maintenance:
                 continue
             self._next_probe.pop(slot, None)
             self._out_since.pop(slot, None)
-            with contextlib.suppress(Exception):  # a receiver's error must not stop probing
-                node_back.send(
-                    sender=TieredStore,
-                    node=store.cluster.node_ids[node],
-                    directory=store.directory,
-                    replayed_keys=replayed,
-                )
+            if store.on_node_back is not None:
+                with contextlib.suppress(Exception):  # a receiver's error must not stop probing
+                    store.on_node_back(store.cluster.node_ids[node], replayed)
         return anything_out
 
     def _warn_while_out(

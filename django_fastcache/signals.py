@@ -1,8 +1,9 @@
 """Django signals about memcached nodes.
 
-The disk tier's, host-wide: ``node_out`` is sent by the process that first finds the node
-failing (from the request that failed); ``node_back`` by the process whose background probe
-replayed the node's journal and brought it back. Both pass ``node`` (the node id, e.g.
+The disk tier's, host-wide: ``node_out`` is sent by the process that marks the node out
+(from the request that found it failing, or from its background thread when a replay must
+take the node out again); ``node_back`` by the process whose background probe replayed the
+node's journal and brought it back, and by no other. Both pass ``node`` (the node id, e.g.
 ``"10.0.0.5:11211"``) and ``directory`` (the disk tier's directory). Other processes on the
 host follow the shared node state without being told.
 

@@ -151,6 +151,7 @@ class TieredStore:
         *,
         max_staleness: float,
         on_node_out: Callable[[str], None] | None = None,
+        on_node_back: Callable[[str, int], None] | None = None,
         directory: str | None = None,
         stamps: WriteStamps | None = None,
         write_interval: float = INTERVAL,
@@ -190,6 +191,9 @@ class TieredStore:
         self.replay_settle = 2 * cluster.settings.timeout
         self.metrics = TierMetrics()
         self._on_node_out = on_node_out
+        #: Called by the maintenance thread with the node's id and the keys replayed, once
+        #: this process has brought a node back (the backend sends ``node_back``).
+        self.on_node_back = on_node_back
         #: Per node: why the latest probe failed (for the repeated "still out" warning).
         self.last_probe_error: dict[int, str] = {}
         self._warnings = RateLimit()
@@ -1396,8 +1400,8 @@ class TieredStore:
     # -- bringing a node back ------------------------------------------------------------
     def bring_back(self, node: int) -> int | None:
         """Replay ``node``'s journal as deletes and mark it up; the keys replayed, or None
-        when the node is still unreachable. Called by the maintenance thread, never on a
-        request."""
+        when this call did not bring it back: still unreachable, or brought back by another
+        process meanwhile. Called by the maintenance thread, never on a request."""
         node_id = self.cluster.node_ids[node]
         outage = self.states.outages(node)
         try:
@@ -1409,7 +1413,7 @@ class TieredStore:
             time.sleep(self.replay_settle)
             with self.journal.transaction() as connection:
                 if not self.states.is_out(node):
-                    return 0
+                    return None  # brought back by another process: it says so
                 if self.states.replaced():
                     # Its files were replaced and the new ones could not be mapped (the
                     # transaction's check tried): marking the node up on the old pages

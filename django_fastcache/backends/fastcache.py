@@ -153,6 +153,9 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
             max_staleness=options.disk_max_staleness,
             read_copies=options.disk_read_copies,
             on_node_out=lambda node_id: _announce_node_out(node_id, directory),
+            on_node_back=lambda node_id, replayed: _announce_node_back(
+                node_id, directory, replayed
+            ),
             directory=directory,
         )
     except OSError as exc:  # the directory refused, or its write stamps not to be had
@@ -170,6 +173,12 @@ def _announce_node_out(node_id: str, directory: str) -> None:
     maintenance.node_went_out()
     with contextlib.suppress(Exception):  # a receiver's error must not fail the request
         signals.node_out.send(sender=FastCache, node=node_id, directory=directory)
+
+
+def _announce_node_back(node_id: str, directory: str, replayed_keys: int) -> None:
+    signals.node_back.send(
+        sender=FastCache, node=node_id, directory=directory, replayed_keys=replayed_keys
+    )
 
 
 def make_serializer(options: FastCacheOptions) -> Serializer:

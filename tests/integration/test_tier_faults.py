@@ -658,6 +658,35 @@ def test_a_process_still_on_removed_state_files_never_journals_past_a_replay(
     assert b.get("key") in ("latest", None)
 
 
+def test_only_the_process_that_replays_a_node_says_it_brought_it_back(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """Every process probes an out node; the one whose probe replays the journal brought it
+    back (its count of keys replayed). One whose probe finds it already up did not: None,
+    so its maintenance thread sends no node_back, and counts no replay."""
+    from django_fastcache.maintenance import maintenance
+
+    a = make_cache([server.location], disk_directory)
+    b = make_cache([server.location], disk_directory, max_connections=3)
+    tier_a, tier_b = a._shared().tiered, b._shared().tiered
+    assert tier_a is not None
+    assert tier_b is not None
+    for tier in (tier_a, tier_b):
+        maintenance.unregister(tier)  # this test drives both
+        tier.replay_settle = 0.0
+    try:
+        _out_after_a_hang(server, a)
+        b.set("key", "during")  # journaled
+        assert tier_a.bring_back(0) == 1
+        assert tier_b.bring_back(0) is None
+        assert (tier_a.metrics.replays, tier_b.metrics.replays) == (1, 0)
+        assert node_states(b) == ["up"]
+    finally:
+        for tier in (tier_a, tier_b):
+            maintenance.register(tier)
+    assert b.get("key") == "during"
+
+
 def test_a_journal_removed_while_a_write_commits_sends_its_keys_to_the_replay_of_the_new_one(
     server: MemcachedServer, disk_directory: str
 ) -> None:

@@ -188,17 +188,18 @@ def raw(memcached: MemcachedServer) -> Raw:
 
 @pytest.fixture
 def signals_sent() -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    """Every node_out and node_back sent while the test runs: (signal name, arguments)."""
+    """Every node_out and node_back sent while the test runs: (signal name, arguments and
+    ``sender``)."""
     sent: list[tuple[str, dict[str, Any]]] = []
     lock = threading.Lock()
 
     def on_out(sender: Any, **kwargs: Any) -> None:
         with lock:
-            sent.append(("node_out", kwargs))
+            sent.append(("node_out", {"sender": sender, **kwargs}))
 
     def on_back(sender: Any, **kwargs: Any) -> None:
         with lock:
-            sent.append(("node_back", kwargs))
+            sent.append(("node_back", {"sender": sender, **kwargs}))
 
     node_out.connect(on_out, weak=False)
     node_back.connect(on_back, weak=False)
@@ -847,8 +848,8 @@ def test_the_replay_deletes_exactly_the_journaled_keys_before_the_node_is_marked
     assert node_state(cache, server.location) == {"state": "up", "journal_length": 0}
     backs = [kwargs for name, kwargs in signals_sent if name == "node_back"]
     assert backs == [
-        {"signal": node_back, "node": server.location, "directory": disk_directory,
-         "replayed_keys": 3}
+        {"sender": FastCache, "signal": node_back, "node": server.location,
+         "directory": disk_directory, "replayed_keys": 3}
     ]  # fmt: skip
     assert [name for name, _kwargs in signals_sent] == ["node_out", "node_back"]
     stats = cache.tier_stats()
@@ -905,6 +906,8 @@ def test_a_restarted_node_comes_back_after_its_replay(
         ("node_out", server.location),
         ("node_back", server.location),
     ]
+    # Every signal's sender is the backend class, as django_fastcache.signals says.
+    assert {kwargs["sender"] for _name, kwargs in signals_sent} == {FastCache}
     assert cache.get_many(["a", "b"]) == {"a": 10}
     assert raw.get(cache.wire_key("a")) == encoded(cache, 10)  # refilled from disk
     cache.set("b", 3)  # and writes go to memcached again
