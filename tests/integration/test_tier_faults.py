@@ -614,15 +614,14 @@ def test_forked_children_read_the_disk_while_the_parent_lands_writes(
     assert outcomes == [0] * 8
 
 
-def test_a_process_still_on_removed_state_files_never_journals_past_a_replay(
+@contextlib.contextmanager
+def _two_processes(
     server: MemcachedServer, disk_directory: str
-) -> None:
-    """A temp cleaner removes the journal and the node states during a hang. Process A
-    moves to the new files, replays and marks the node up there, and writes; process B,
-    not moved yet, still reads "out" in the removed file. B's next write must not be
-    journaled where no replay will look while memcached keeps A's older value. (Two
-    configurations of one directory in this process stand for the two processes.)"""
-    from django_fastcache.maintenance import check_files, maintenance
+) -> Iterator[tuple[FastCache, FastCache, TieredStore, TieredStore]]:
+    """Two configurations of one directory in this process, standing for two processes:
+    (a, b, a's tier, b's tier), which the test drives (the maintenance thread leaves them
+    alone until the block ends)."""
+    from django_fastcache.maintenance import maintenance
 
     a = make_cache([server.location], disk_directory)
     b = make_cache([server.location], disk_directory, max_connections=3)
@@ -631,8 +630,24 @@ def test_a_process_still_on_removed_state_files_never_journals_past_a_replay(
     assert tier_b is not None
     assert tier_a is not tier_b
     for tier in (tier_a, tier_b):
-        maintenance.unregister(tier)  # this test drives both
+        maintenance.unregister(tier)
     try:
+        yield a, b, tier_a, tier_b
+    finally:
+        for tier in (tier_a, tier_b):
+            maintenance.register(tier)
+
+
+def test_a_process_still_on_removed_state_files_never_journals_past_a_replay(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """A temp cleaner removes the journal and the node states during a hang. Process A
+    moves to the new files, replays and marks the node up there, and writes; process B,
+    not moved yet, still reads "out" in the removed file. B's next write must not be
+    journaled where no replay will look while memcached keeps A's older value."""
+    from django_fastcache.maintenance import check_files
+
+    with _two_processes(server, disk_directory) as (a, b, tier_a, _tier_b):
         a.set("key", "before")
         _settled(a)
         server.pause()
@@ -650,9 +665,6 @@ def test_a_process_still_on_removed_state_files_never_journals_past_a_replay(
         a.set("key", "after")  # to memcached
         b.set("key", "latest")  # B still reads "out" in its removed file
         assert a.get("key") in ("latest", None)
-    finally:
-        for tier in (tier_a, tier_b):
-            maintenance.register(tier)
     assert wait_for(lambda: node_states(a) == ["up"])
     assert a.get("key") in ("latest", None)
     assert b.get("key") in ("latest", None)
@@ -664,26 +676,14 @@ def test_only_the_process_that_replays_a_node_says_it_brought_it_back(
     """Every process probes an out node; the one whose probe replays the journal brought it
     back (its count of keys replayed). One whose probe finds it already up did not: None,
     so its maintenance thread sends no node_back, and counts no replay."""
-    from django_fastcache.maintenance import maintenance
-
-    a = make_cache([server.location], disk_directory)
-    b = make_cache([server.location], disk_directory, max_connections=3)
-    tier_a, tier_b = a._shared().tiered, b._shared().tiered
-    assert tier_a is not None
-    assert tier_b is not None
-    for tier in (tier_a, tier_b):
-        maintenance.unregister(tier)  # this test drives both
-        tier.replay_settle = 0.0
-    try:
+    with _two_processes(server, disk_directory) as (a, b, tier_a, tier_b):
+        tier_a.replay_settle = tier_b.replay_settle = 0.0
         _out_after_a_hang(server, a)
         b.set("key", "during")  # journaled
         assert tier_a.bring_back(0) == 1
         assert tier_b.bring_back(0) is None
         assert (tier_a.metrics.replays, tier_b.metrics.replays) == (1, 0)
         assert node_states(b) == ["up"]
-    finally:
-        for tier in (tier_a, tier_b):
-            maintenance.register(tier)
     assert b.get("key") == "during"
 
 
@@ -696,28 +696,21 @@ def test_a_journal_removed_while_a_write_commits_sends_its_keys_to_the_replay_of
     its committed journal removed and carries the key over: the node must go out again on
     the files every process reads now, not on the removed ones only B still maps, or A
     reads the value B's write replaced. (Found by a soak: 281 reads of older values.)"""
-    from django_fastcache.maintenance import check_files, maintenance
+    from django_fastcache.maintenance import check_files
 
-    a = make_cache([server.location], disk_directory)
-    b = make_cache([server.location], disk_directory, max_connections=3)
-    tier_a, tier_b = a._shared().tiered, b._shared().tiered
-    assert tier_a is not None
-    assert tier_b is not None
-    for tier in (tier_a, tier_b):
-        maintenance.unregister(tier)  # this test drives both
-    follow_b = tier_b.journal.on_transaction
-    assert follow_b is not None
+    with _two_processes(server, disk_directory) as (a, b, tier_a, tier_b):
+        follow_b = tier_b.journal.on_transaction
+        assert follow_b is not None
 
-    def cleaner_and_a_meanwhile() -> None:
-        follow_b()  # B's own check: the files are still the directory's
-        tier_b.journal.on_transaction = follow_b
-        _clean_states_and_journal(disk_directory)
-        check_files(tier_a)  # A moves: the node is out on the new files too
-        tier_a.replay_settle = 0.0
-        assert tier_a.bring_back(0) == 0  # nothing journaled there yet: up again
-        assert node_states(a) == ["up"]
+        def cleaner_and_a_meanwhile() -> None:
+            follow_b()  # B's own check: the files are still the directory's
+            tier_b.journal.on_transaction = follow_b
+            _clean_states_and_journal(disk_directory)
+            check_files(tier_a)  # A moves: the node is out on the new files too
+            tier_a.replay_settle = 0.0
+            assert tier_a.bring_back(0) == 0  # nothing journaled there yet: up again
+            assert node_states(a) == ["up"]
 
-    try:
         _out_after_a_hang(server, a)
         assert node_states(b) == ["out"]
         tier_b.journal.on_transaction = cleaner_and_a_meanwhile
@@ -725,9 +718,6 @@ def test_a_journal_removed_while_a_write_commits_sends_its_keys_to_the_replay_of
         assert tier_b.journal.carried_over == 1
         assert node_states(a) == ["out"], "the carried key's node was left up for A"
         assert a.get("key") in ("during", None)
-    finally:
-        for tier in (tier_a, tier_b):
-            maintenance.register(tier)
     assert wait_for(lambda: node_states(a) == node_states(b) == ["up"])
     assert a.get("key") in ("during", None)
     assert b.get("key") in ("during", None)
