@@ -127,8 +127,9 @@ class ClientClosedError(FastCacheError):
 
 
 class ValueRefusedError(FastCacheError, ValueError):
-    """A value read back that must not be loaded: unsealed or sealed with another key, or
-    one that would inflate past ``max_value_size``. The backend reads it as a miss."""
+    """A compressed value read back that must not be loaded: it would inflate past
+    ``max_value_size``, or does not decompress (raised by a serializer's ``loads``). The
+    backend reads it as a miss, as it does a value that fails the seal check."""
 
 
 __all__ = [
