@@ -6,7 +6,6 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import cast
 
 import pytest
 
@@ -204,12 +203,13 @@ def test_a_shard_that_cannot_be_written_loses_only_its_own_writes(tmp_path: Path
     from django_fastcache.disk.writebehind import WriteBehind
 
     store = DiskStore(str(tmp_path / "values"), shards=2, timeout=0.001, lock_wait=0.0)
+    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
     keys = [b"k%d" % n for n in range(40)]
     locked = [key for key in keys if store.shard_of(key) == 0]
     free = [key for key in keys if store.shard_of(key) == 1]
     assert locked
     assert free
-    stamps = {key: 1 for key in keys}
+    stamp = {key: stamps.bump(key) for key in keys}
     try:
         store.set(locked[0], b"before", 0, None)  # the locked shard's database made
         database = tmp_path / "values" / "000" / "cache.db"
@@ -217,7 +217,9 @@ def test_a_shard_that_cannot_be_written_loses_only_its_own_writes(tmp_path: Path
         try:
             other.execute("BEGIN IMMEDIATE")  # another process's transaction, stuck
             with pytest.raises(LandingError) as raised:
-                store.land([(key, 1, b"new", 0, None, 1.0) for key in keys], stamps.__getitem__)
+                store.land(
+                    [(key, stamp[key], b"new", 0, None, 1.0) for key in keys], stamps.current
+                )
             assert (raised.value.landed, raised.value.skipped, raised.value.failed) == (
                 len(free),
                 0,
@@ -227,13 +229,11 @@ def test_a_shard_that_cannot_be_written_loses_only_its_own_writes(tmp_path: Path
             # The writer behind counts the same way: the free shard's writes landed.
             failures: list[int] = []
             writer = WriteBehind(
-                store,
-                cast(WriteStamps, _Stamps(stamps)),
-                on_failure=lambda _error, lost: failures.append(lost),
+                store, stamps, on_failure=lambda _error, lost: failures.append(lost)
             )
             writer.pause()  # one batch
             for key in keys:
-                writer.put(key, 1, b"newer", 0, None, 2.0)
+                writer.put(key, stamp[key], b"newer", 0, None, 2.0)
             writer.resume()
             assert writer.flush()
             assert (writer.landed, writer.skipped, writer.failed) == (len(free), 0, len(locked))
@@ -250,10 +250,3 @@ def test_a_shard_that_cannot_be_written_loses_only_its_own_writes(tmp_path: Path
         assert held.data == b"before"
     finally:
         store.close()
-
-
-class _Stamps:
-    """Stands in for WriteStamps: the one call the writer behind makes of it."""
-
-    def __init__(self, stamps: dict[bytes, int]) -> None:
-        self.current = stamps.__getitem__
