@@ -423,11 +423,9 @@ class DiskStore:
             try:
                 done, passed = self._land_shard(shards[index], by_shard[index], current)
             except LandingError as exc:
-                landed, skipped, failed = (
-                    landed + exc.landed,
-                    skipped + exc.skipped,
-                    failed + exc.failed,
-                )
+                landed += exc.landed
+                skipped += exc.skipped
+                failed += exc.failed
                 failure = failure or exc
             except DiskError as exc:
                 failed += len(by_shard[index])
