@@ -5,11 +5,14 @@ not only for the queue."""
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from django_fastcache.disk import DiskStore, writebehind
 from django_fastcache.disk.stamps import WriteStamps
@@ -173,4 +176,25 @@ def test_stop_lands_the_queue_and_ends_the_thread_and_a_later_write_starts_anoth
         assert store.get(b"b") is not None
     finally:
         writer.stop(DEADLINE)
+        store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's batch scheduling class")
+def test_the_writer_runs_in_the_batch_scheduling_class_and_the_caller_does_not(
+    tmp_path: Path,
+) -> None:
+    store = DiskStore(str(tmp_path / "values"), shards=2)
+    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
+    writer = WriteBehind(store, stamps, interval=3600.0)
+    caller_policy = os.sched_getscheduler(0)
+    try:
+        writer.put(b"k", stamps.bump(b"k"), b"v", 0, None, time.time())
+        assert wait_until(lambda: writer.landed == 1)
+        thread = writer._writer_thread
+        assert thread is not None
+        assert thread.native_id is not None
+        assert os.sched_getscheduler(thread.native_id) == os.SCHED_BATCH
+        assert os.sched_getscheduler(0) == caller_policy  # the request threads keep theirs
+    finally:
+        writer.flush()
         store.close()
