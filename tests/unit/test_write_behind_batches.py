@@ -45,6 +45,14 @@ class WatchedWake(threading.Event):
             self.waiting = None
 
 
+def make_writer(tmp_path: Path) -> tuple[DiskStore, WriteStamps, WriteBehind]:
+    """A store of two shards, its stamps, and a writer behind them whose interval no test
+    outlives: it lands again only when woken (a first write, a burst, a flush)."""
+    store = DiskStore(str(tmp_path / "values"), shards=2)
+    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
+    return store, stamps, WriteBehind(store, stamps, interval=3600.0)
+
+
 def start_idle(writer: WriteBehind) -> WatchedWake:
     """Start ``writer``'s thread with nothing queued; back once it waits, idle, with no
     wake-up pending (a first put's own wake-up may otherwise come after the writer took
@@ -74,10 +82,7 @@ class RacingQueue(collections.deque[Any]):
 
 
 def test_a_burst_of_a_batch_lands_before_the_interval_ends(tmp_path: Path) -> None:
-    store = DiskStore(str(tmp_path / "values"), shards=2)
-    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
-    # An interval no test outlives: only the burst can make the writer land again.
-    writer = WriteBehind(store, stamps, interval=3600.0)
+    store, stamps, writer = make_writer(tmp_path)
     wake = start_idle(writer)
     try:
 
@@ -97,9 +102,7 @@ def test_a_burst_of_a_batch_lands_before_the_interval_ends(tmp_path: Path) -> No
 
 
 def test_a_burst_wakes_the_writer_when_two_puts_race_past_a_batch(tmp_path: Path) -> None:
-    store = DiskStore(str(tmp_path / "values"), shards=2)
-    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
-    writer = WriteBehind(store, stamps, interval=3600.0)  # only a burst lands again
+    store, stamps, writer = make_writer(tmp_path)  # only a burst lands again
     queue = writer._queue = RacingQueue()
     wake = start_idle(writer)
     try:
@@ -121,9 +124,7 @@ def test_a_burst_wakes_the_writer_when_two_puts_race_past_a_batch(tmp_path: Path
 
 
 def test_the_exit_waits_for_a_batch_being_landed(tmp_path: Path, monkeypatch: Any) -> None:
-    store = DiskStore(str(tmp_path / "values"), shards=2)
-    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
-    writer = WriteBehind(store, stamps, interval=3600.0)
+    store, stamps, writer = make_writer(tmp_path)
     landing, go = threading.Event(), threading.Event()
     land = store.land
 
@@ -160,9 +161,7 @@ def test_the_exit_waits_for_a_batch_being_landed(tmp_path: Path, monkeypatch: An
 def test_stop_lands_the_queue_and_ends_the_thread_and_a_later_write_starts_another(
     tmp_path: Path,
 ) -> None:
-    store = DiskStore(str(tmp_path / "values"), shards=2)
-    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
-    writer = WriteBehind(store, stamps, interval=3600.0)
+    store, stamps, writer = make_writer(tmp_path)
     try:
         writer.put(b"a", stamps.bump(b"a"), b"v", 0, None, time.time())
         thread = writer._writer_thread
@@ -183,9 +182,7 @@ def test_stop_lands_the_queue_and_ends_the_thread_and_a_later_write_starts_anoth
 def test_the_writer_runs_in_the_batch_scheduling_class_and_the_caller_does_not(
     tmp_path: Path,
 ) -> None:
-    store = DiskStore(str(tmp_path / "values"), shards=2)
-    stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
-    writer = WriteBehind(store, stamps, interval=3600.0)
+    store, stamps, writer = make_writer(tmp_path)
     caller_policy = os.sched_getscheduler(0)
     try:
         writer.put(b"k", stamps.bump(b"k"), b"v", 0, None, time.time())
