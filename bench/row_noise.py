@@ -1,5 +1,6 @@
-"""How far one cachebench row moves against itself from run to run, next to how far two
-rows differ within a run: whether a ratio target can tell the rows apart on this machine.
+"""Two cachebench rows within a run, next to each row against itself across runs.
+
+Whether a ratio target can tell the rows apart on this machine.
 
     python bench/row_noise.py [TREE] [--runs 8] [--rows fastcache,fastcache-tiered]
         [-- more cachebench options]
