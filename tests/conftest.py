@@ -141,6 +141,17 @@ def forget_stacks(directory: str | os.PathLike[str]) -> None:
     drop_tables(root)  # their write stamps tables in /dev/shm
 
 
+def set_tree_mode(root: str, directories: int, files: int) -> None:
+    """chmod a disk tier's directory tree (a deploy's ``chmod``). A file gone between the
+    listing and its chmod is passed over: SQLite removes its rollback journal when a
+    transaction ends (a shard being made uses one before it turns to its write-ahead log)."""
+    for path, _names, filenames in os.walk(root):
+        os.chmod(path, directories)
+        for name in filenames:
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(os.path.join(path, name), files)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_stamps_tables_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The run's write stamps tables removed from /dev/shm at its end."""

@@ -36,6 +36,7 @@ from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.testing.fake_server import Action, FakeMemcached
 from django_fastcache.testing.proxy import DelayProxy
 from django_fastcache.testing.servers import MemcachedServer
+from tests.conftest import set_tree_mode
 from tests.consistency.worker import configure_django
 
 pytestmark = [
@@ -627,13 +628,6 @@ def _run_read_only_worker(location: str, directory: str, phase: str) -> dict[str
     return outcome
 
 
-def _set_tree_mode(root: str, directories: int, files: int) -> None:
-    for path, _names, filenames in os.walk(root):
-        os.chmod(path, directories)
-        for name in filenames:
-            os.chmod(os.path.join(path, name), files)
-
-
 def test_disk_directory_made_read_only(server: MemcachedServer, disk_directory: str) -> None:
     """A process starting on a read-only disk tier (the same user's, chmod 0500/0400) is
     refused, naming the fix: its writes would reach memcached only, while processes that
@@ -644,12 +638,13 @@ def test_disk_directory_made_read_only(server: MemcachedServer, disk_directory: 
     drops its capabilities (CAP_DAC_OVERRIDE among them) so that they apply to it too."""
     cache = make_cache([server.location], disk_directory)
     _exercise(cache, 2, "before")
-    _set_tree_mode(disk_directory, 0o500, 0o400)
+    landed(cache)  # the shards made, and no transaction of the writer's in flight
+    set_tree_mode(disk_directory, 0o500, 0o400)
     try:
         with pytest.raises(AssertionError, match=r"ImproperlyConfigured.*chmod -R u\+rwX"):
             _run_read_only_worker(server.location, disk_directory, "write")
     finally:
-        _set_tree_mode(disk_directory, 0o700, 0o600)
+        set_tree_mode(disk_directory, 0o700, 0o600)
 
 
 def test_corrupted_database_files(server: MemcachedServer, disk_directory: str) -> None:

@@ -24,6 +24,7 @@ from django_fastcache.backends import FastCache
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.testing.servers import MemcachedServer
 from django_fastcache.tiered import TieredStore
+from tests.conftest import set_tree_mode
 from tests.twins import twin
 
 pytestmark = [
@@ -224,13 +225,6 @@ def _late_process(location: str, directory: str, keys: list[str], results: Any) 
     results.put(outcome)
 
 
-def _set_tree_mode(root: str, directories: int, files: int) -> None:
-    for path, _names, filenames in os.walk(root):
-        os.chmod(path, directories)
-        for name in filenames:
-            os.chmod(os.path.join(path, name), files)
-
-
 def test_a_process_started_on_a_directory_made_read_only_refuses_clearly(
     server: MemcachedServer, disk_directory: str
 ) -> None:
@@ -246,7 +240,7 @@ def test_a_process_started_on_a_directory_made_read_only_refuses_clearly(
     for key in keys:
         older.set(key, f"old {key}")
     assert wait_for(lambda: all(older._shared().tiered.disk.get(older.wire_key(k)) for k in keys))  # type: ignore[union-attr]
-    _set_tree_mode(disk_directory, 0o500, 0o400)
+    set_tree_mode(disk_directory, 0o500, 0o400)
     try:
         results = spawn.Queue()
         process = spawn.Process(
@@ -256,7 +250,7 @@ def test_a_process_started_on_a_directory_made_read_only_refuses_clearly(
         outcome = results.get(timeout=60)
         process.join(PATIENCE)
     finally:
-        _set_tree_mode(disk_directory, 0o700, 0o600)
+        set_tree_mode(disk_directory, 0o700, 0o600)
     if outcome["skip"]:
         pytest.skip(f"cannot make the directory read-only for a process: {outcome['skip']}")
     assert outcome["errors"] == [], outcome["errors"][0]
