@@ -650,6 +650,7 @@ def test_disk_directory_made_read_only(server: MemcachedServer, disk_directory: 
 def test_corrupted_database_files(server: MemcachedServer, disk_directory: str) -> None:
     cache = make_cache([server.location], disk_directory)
     _exercise(cache, 2, "before")
+    landed(cache)  # the writer behind made the shards (its first landing does)
     shards = sorted(Path(disk_directory, "values").glob("*/cache.db"))
     assert shards
     garbage = random.Random(0)
