@@ -141,6 +141,24 @@ def forget_stacks(directory: str | os.PathLike[str]) -> None:
     drop_tables(root)  # their write stamps tables in /dev/shm
 
 
+@pytest.fixture
+def own_stacks() -> Iterator[None]:
+    """Drop the process-wide FastCache stacks the test built, for modules whose tests start
+    servers (or fake endpoints) of their own. A stack is keyed by its LOCATION, whose port
+    is the kernel's pick: a later test's server on a port an earlier one used would
+    otherwise be handed the earlier stack, with its node list, node health and counts
+    (memcached-only stacks: the disk_directory fixture drops those with a disk tier)."""
+    before = set(fastcache._shared)
+    yield
+    with fastcache._shared_lock:
+        made = [i for i in fastcache._shared if i not in before]
+        stacks = [fastcache._shared.pop(i) for i in made if fastcache._shared[i].tiered is None]
+    for shared in stacks:
+        if shared.client.cluster.discovery is not None:
+            shared.client.cluster.discovery.close()
+        shared.blocking.close_thread_connections()
+
+
 def set_tree_mode(root: str, directories: int, files: int) -> None:
     """chmod a disk tier's directory tree (a deploy's ``chmod``). A file gone between the
     listing and its chmod is passed over: SQLite removes its rollback journal when a

@@ -22,7 +22,6 @@ from django.core.cache import caches
 from django.core.management import call_command
 from django.test import override_settings
 
-from django_fastcache.backends import fastcache
 from django_fastcache.backends.fastcache import FastCache
 from django_fastcache.bridge import run_blocking
 from django_fastcache.client import Client
@@ -35,29 +34,13 @@ from django_fastcache.testing.servers import MemcachedServer, ServerTLS
 from tests.conftest import MemcachedCluster
 from tests.integration.test_bridge import fork_and_run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("own_stacks")]
 
 KEYS = [b"key:%d" % n for n in range(200)]
 
 
 def entry(server: MemcachedServer, name: str) -> tuple[str, str, int]:
     return (f"{name}.cache.internal", server.host, server.port)
-
-
-@pytest.fixture(autouse=True)
-def _stacks_dropped_after_each_test() -> Iterator[None]:
-    """Drop the process-wide FastCache stacks a test built. A stack is keyed by its
-    LOCATION, and a fake endpoint's port is the kernel's pick: a later test's endpoint on a
-    port an earlier one used would otherwise be handed the earlier stack, node list and
-    all."""
-    before = set(fastcache._shared)
-    yield
-    with fastcache._shared_lock:
-        stacks = [fastcache._shared.pop(i) for i in list(fastcache._shared) if i not in before]
-    for stack in stacks:
-        if stack.client.cluster.discovery is not None:
-            stack.client.cluster.discovery.close()
-        stack.blocking.close_thread_connections()
 
 
 @pytest.fixture

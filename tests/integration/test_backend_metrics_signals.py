@@ -21,7 +21,7 @@ from django_fastcache.client.events import NodeEvent
 from django_fastcache.errors import NetworkError, OperationTimeoutError
 from django_fastcache.testing.servers import MemcachedServer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("own_stacks")]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from django_fastcache.client.metrics import LATENCY_BOUNDS
 from django_fastcache.errors import NetworkError
 from django_fastcache.testing.servers import MemcachedServer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("own_stacks")]
 
 
 @pytest.fixture
