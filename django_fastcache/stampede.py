@@ -90,10 +90,6 @@ class MetaSupport:
             start = False
         self._answers: list[bool | None] = [start] * len(node_ids)
 
-    def known(self, node: int) -> bool:
-        """Whether ``node`` is known to speak meta (never asks)."""
-        return self._answers[node] is True
-
     async def speaks(self, client: CommandSet, node: int) -> bool:
         """Whether ``node`` speaks meta, asking it once (``auto``). A node that cannot be
         reached now is not asked again until the next call."""
@@ -351,7 +347,9 @@ async def add_over_stub(
     lease as a set would. False when the key holds a value. (Without the disk tier: the
     tier's own add replaces a stub, only when the disk has no value for the key either.)"""
     node = client.cluster.node_index(wire)
-    if not meta_support(cache._options.protocol, client.cluster).known(node):
+    # Asked (once per process) when not yet known: a stub is another process's lease, so
+    # whether this one ever ran get_or_set must not decide what its add does.
+    if not await meta_support(cache._options.protocol, client.cluster).speaks(client, node):
         return False  # no meta, no stubs
     tier = cache._shared().tiered
     if tier is not None and tier.states.is_out(node):

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from django_fastcache import stampede
 from django_fastcache.backends import fastcache
 from django_fastcache.maintenance import maintenance
 from django_fastcache.testing.servers import MemcachedServer
@@ -157,6 +158,15 @@ def own_stacks() -> Iterator[None]:
         if shared.client.cluster.discovery is not None:
             shared.client.cluster.discovery.close()
         shared.blocking.close_thread_connections()
+
+
+def forget_meta_answers(location: str) -> None:
+    """Forget what this process learnt of whether the node at ``location`` speaks the meta
+    protocol, as a process that never asked it: the answer is kept process-wide by node
+    address, which another test's server may have had."""
+    with stampede._supports_lock:
+        for identity in [i for i in stampede._supports if location in i[1]]:
+            del stampede._supports[identity]
 
 
 def set_tree_mode(root: str, directories: int, files: int) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from django_fastcache.backends import FastCache
-from django_fastcache.testing.fake_server import FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer
 from tests.integration.test_stampede import (
     FAKE_OPTIONS,
@@ -19,6 +18,7 @@ from tests.integration.test_stampede import (
     arun,
     make_stub,
     meta_requests,
+    new_fake,
     raw_mg,
     run_blocked_winner,
 )
@@ -203,7 +203,7 @@ def test_async_operations(memcached: MemcachedServer) -> None:
 
 
 def test_a_node_without_meta_gets_plain_deletes() -> None:
-    with FakeMemcached() as fake:
+    with new_fake() as fake:
         cache = FastCache(fake.location, {"OPTIONS": {**FAKE_OPTIONS, "stale_on_delete": KEEP}})
         cache.set("k", b"v")
         assert cache.delete("k") is True

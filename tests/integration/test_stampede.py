@@ -6,9 +6,10 @@ alone and with the disk tier on. The herds of 50 callers are in test_stampede_he
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from django_fastcache.bridge import run_blocking
 from django_fastcache.protocol import MetaUnsupportedError
 from django_fastcache.testing.fake_server import FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer, free_port
-from tests.conftest import MEMCACHED_ONLY
+from tests.conftest import MEMCACHED_ONLY, forget_meta_answers
 
 pytestmark = pytest.mark.integration
 
@@ -565,6 +566,8 @@ def test_with_the_tier_get_or_set_and_add_work_while_the_node_is_out(disk_direct
 def test_a_stub_is_a_miss_to_every_classic_read_and_write(
     memcached: MemcachedServer, tier_options: dict[str, Any], sign_values: bool
 ) -> None:
+    # As in a process that never ran get_or_set: the stub is another process's lease.
+    forget_meta_answers(memcached.location)
     cache = make(memcached.location, tier_options, sign_values=sign_values)
     make_stub(cache, "k")
     assert cache.get("k", "default") == "default"
@@ -583,6 +586,8 @@ def test_a_stub_is_a_miss_to_every_classic_read_and_write(
 def test_async_a_stub_is_a_miss_to_every_classic_read_and_write(
     memcached: MemcachedServer, tier_options: dict[str, Any], sign_values: bool
 ) -> None:
+    # As in a process that never ran get_or_set: the stub is another process's lease.
+    forget_meta_answers(memcached.location)
     cache = make(memcached.location, tier_options, sign_values=sign_values)
     make_stub(cache, "k")
 
@@ -633,8 +638,17 @@ def meta_requests(fake: FakeMemcached) -> list[bytes]:
     return [r.line.split()[0] for r in fake.requests if r.line[:2] in (b"mn", b"mg", b"ms", b"md")]
 
 
-def test_auto_asks_once_and_falls_back_to_classic_on_a_server_without_meta() -> None:
+@contextlib.contextmanager
+def new_fake() -> Iterator[FakeMemcached]:
+    """A fake memcached this process has never asked whether it speaks meta (the answers
+    are kept by node address, and an earlier test's server may have had this port)."""
     with FakeMemcached() as fake:
+        forget_meta_answers(fake.location)
+        yield fake
+
+
+def test_auto_asks_once_and_falls_back_to_classic_on_a_server_without_meta() -> None:
+    with new_fake() as fake:
         cache = make(fake.location, FAKE_OPTIONS)
         calls = Calls(b"v")
         assert cache.get_or_set("k", calls) == b"v"
@@ -646,7 +660,7 @@ def test_auto_asks_once_and_falls_back_to_classic_on_a_server_without_meta() -> 
 
 
 def test_async_auto_on_a_server_without_meta() -> None:
-    with FakeMemcached() as fake:
+    with new_fake() as fake:
         cache = make(fake.location, FAKE_OPTIONS)
         assert arun(cache, lambda: cache.aget_or_set("k", Calls(b"v"))) == b"v"
         assert meta_requests(fake) == [b"mn"]
