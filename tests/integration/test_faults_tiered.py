@@ -322,7 +322,9 @@ def test_one_of_three_nodes_down_only_its_keys_fall_back(disk_directory: str) ->
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(MemcachedServer()) for _ in range(3)]
         locations = [s.location for s in servers]
-        cache = make_cache(locations, disk_directory)
+        # The killed node fails at once (its connections reset, new ones refused): a timeout
+        # long enough that the live nodes, on a loaded machine, do not.
+        cache = make_cache(locations, disk_directory, **ANSWERED)
         raw = Raw(cache, locations)
         stack.callback(raw.close)
         keys = [f"key-{i}" for i in range(90)]
@@ -370,7 +372,9 @@ def test_a_slow_node_falls_back_within_the_timeout_and_comes_back(disk_directory
         slow = stack.enter_context(MemcachedServer())
         proxy = stack.enter_context(DelayProxy(slow.location))
         locations = [fast.location, proxy.location]
-        cache = make_cache(locations, disk_directory)
+        # One timeout for both nodes: long enough that the fast one, on a loaded machine,
+        # never reaches it; the slow one's delay is three times as long.
+        cache = make_cache(locations, disk_directory, **ANSWERED)
         raw = Raw(cache, locations)
         stack.callback(raw.close)
         keys = [f"key-{i}" for i in range(40)]
@@ -380,7 +384,7 @@ def test_a_slow_node_falls_back_within_the_timeout_and_comes_back(disk_directory
         assert on_slow
         landed(cache)
 
-        proxy.delay = 3 * TIMEOUT
+        proxy.delay = 3 * ANSWERED["operation_timeout"]
         for key in keys:
             assert timed(lambda key=key: cache.get(key)) == f"first {key}"
         assert node_states(cache) == ["up", "out"]
