@@ -47,12 +47,19 @@ from .protocol import MetaReply, MetaStatus, MetaUnsupportedError
 
 if TYPE_CHECKING:
     from .backends.fastcache import FastCache
+    from .backends.options import FastCacheOptions
 
 #: Pauses between two polls of a waiting caller: doubling from the first to the last.
 FIRST_PAUSE = 0.002
 MAX_PAUSE = 0.05
 
 Pause = Callable[[float], Awaitable[None]]
+
+
+def makes_stubs(options: FastCacheOptions) -> bool:
+    """Whether caches of these settings leave lease stubs in memcached (get_or_set's
+    leases): where they do not, a refused ``add`` has no stub to look for."""
+    return options.stampede_protection and options.protocol != "classic"
 
 
 def is_stub(data: bytes, flags: int) -> bool:
@@ -346,11 +353,15 @@ async def add_over_stub(
     stub (a missing value being computed), with the stub's CAS, so the add wins over the
     lease as a set would. False when the key holds a value. (Without the disk tier: the
     tier's own add replaces a stub, only when the disk has no value for the key either.)"""
+    # A plain get first, which every node answers: the common refusal (a value holds the
+    # key) costs one round trip, and no node is asked about meta for it.
+    if not makes_stubs(cache._options) or not await is_stub_now(client, wire):
+        return False
     node = client.cluster.node_index(wire)
-    # Asked (once per process) when not yet known: a stub is another process's lease, so
-    # whether this one ever ran get_or_set must not decide what its add does.
+    # A stub is a lease, most likely another process's: whether this one ever ran
+    # get_or_set must not decide what its add does, so the node is asked if need be.
     if not await meta_support(cache._options.protocol, client.cluster).speaks(client, node):
-        return False  # no meta, no stubs
+        return False
     tier = cache._shared().tiered
     if tier is not None and tier.states.is_out(node):
         return False  # the disk tier refused it: no stub there
@@ -376,7 +387,8 @@ async def add_over_stub(
 
 
 async def is_stub_now(client: CommandSet, wire: bytes) -> bool:
-    """Whether ``wire`` holds a lease's stub (asked after memcached refused to count it)."""
+    """Whether ``wire`` holds a lease's stub (asked after memcached refused to count or add
+    it), by a plain get, which every node answers."""
     item = await client.get(wire)
     return item is not None and is_stub(item.value, item.flags)
 
@@ -392,6 +404,7 @@ __all__ = [
     "invalidate",
     "is_stub",
     "is_stub_now",
+    "makes_stubs",
     "meta_support",
     "release",
 ]

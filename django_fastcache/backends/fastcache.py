@@ -53,7 +53,14 @@ from ..maintenance import maintenance
 from ..sealing import FLAG_SEALED, Refusals, Sealer, derive_key
 from ..serializers import SERIALIZERS, PickleSerializer, Serializer
 from ..stalecopies import StaleKeepingStore
-from ..stampede import add_over_stub, async_pause, blocking_pause, is_stub, is_stub_now
+from ..stampede import (
+    add_over_stub,
+    async_pause,
+    blocking_pause,
+    is_stub,
+    is_stub_now,
+    makes_stubs,
+)
 from ..stampede import get_or_set as _leased_get_or_set
 from ..stampede import invalidate as _invalidate
 from ..stores import MemcachedStore, Store
@@ -640,7 +647,13 @@ class FastCache(BaseCache):
         exptime = self.get_backend_timeout(timeout)
         if stack.blocking.store_now(b"add", wire, data, flags, exptime, True):
             return True
-        # Refused: unless what holds the key is a lease's stub, which the add replaces.
+        # Refused: unless what holds the key is a lease's stub, which the add replaces. The
+        # common refusal, a value, told by a plain get on the flat path.
+        if not makes_stubs(self._options):
+            return False
+        held = stack.blocking.value_now(wire, True)
+        if held is None or not is_stub(held[0], held[1]):
+            return False
         ttl = self._ttl(timeout)
         return run_blocking(add_over_stub(self, stack.blocking, wire, data, flags, ttl))
 

@@ -666,6 +666,35 @@ def test_async_auto_on_a_server_without_meta() -> None:
         assert meta_requests(fake) == [b"mn"]
 
 
+def verbs(fake: FakeMemcached) -> list[bytes]:
+    return [r.line.split()[0] for r in fake.requests]
+
+
+def test_a_refused_add_looks_for_a_stub_with_a_plain_get() -> None:
+    """A refused add over a value costs one get more, and asks no node about meta."""
+    with new_fake() as fake:
+        cache = make(fake.location, FAKE_OPTIONS)
+        cache.set("k", b"v")
+        before = len(fake.requests)
+        assert cache.add("k", b"w") is False
+        assert arun(cache, lambda: cache.aadd("k", b"w")) is False
+        assert verbs(fake)[before:] == [b"add", b"get", b"add", b"get"]
+        assert cache.get("k") == b"v"
+
+
+@pytest.mark.parametrize("setting", [{"protocol": "classic"}, {"stampede_protection": False}])
+def test_a_refused_add_looks_for_no_stub_where_the_settings_make_none(
+    setting: dict[str, Any],
+) -> None:
+    with new_fake() as fake:
+        cache = make(fake.location, FAKE_OPTIONS, **setting)
+        cache.set("k", b"v")
+        before = len(fake.requests)
+        assert cache.add("k", b"w") is False
+        assert arun(cache, lambda: cache.aadd("k", b"w")) is False
+        assert verbs(fake)[before:] == [b"add", b"add"]
+
+
 def test_classic_never_sends_a_meta_command() -> None:
     with FakeMemcached() as fake:
         cache = make(fake.location, FAKE_OPTIONS, protocol="classic")
