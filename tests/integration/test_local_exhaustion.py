@@ -188,14 +188,14 @@ def test_a_refused_connect_names_the_fix() -> None:
         assert f"is memcached running on {location}? check LOCATION" in str(error)
 
 
-def test_a_busy_pool_marks_no_node_out(memcached: MemcachedServer, tmp_path: Path) -> None:
+def test_a_busy_pool_marks_no_node_out(memcached: MemcachedServer, disk_directory: str) -> None:
     """An async caller that finds its pool's every connection busy past its timeout learns
     nothing of the node: the node stays up for the host (no outage, no replay), the read is
     answered by the disk tier, and the write says what went wrong."""
     from django_fastcache.backends import FastCache
     from django_fastcache.errors import ConnectTimeoutError
 
-    directory = str(tmp_path / "disk")
+    directory = disk_directory
     cache = FastCache(
         [memcached.location],
         {
@@ -252,7 +252,7 @@ def node_state(cache: object) -> str:
 
 
 def test_a_busy_pool_in_a_get_many_over_two_nodes_is_not_blamed_on_the_first_key_s(
-    memcached_cluster: object, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    memcached_cluster: object, disk_directory: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A get_many over two nodes whose second node's pool is busy: the warning names no
     node of its own (it named the first key's, whose pool was fine), and the error it
@@ -266,7 +266,7 @@ def test_a_busy_pool_in_a_get_many_over_two_nodes_is_not_blamed_on_the_first_key
         [first.location, second.location],
         {
             "OPTIONS": {
-                "disk_directory": str(tmp_path / "disk"),
+                "disk_directory": disk_directory,
                 "operation_timeout": 0.3,
                 "connect_timeout": TIMEOUT,
                 "max_connections": 1,
