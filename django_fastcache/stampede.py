@@ -347,15 +347,22 @@ async def invalidate(
 
 
 async def add_over_stub(
-    cache: FastCache, client: CommandSet, wire: bytes, data: bytes, flags: int, ttl: float | None
+    cache: FastCache,
+    client: CommandSet,
+    wire: bytes,
+    data: bytes,
+    flags: int,
+    ttl: float | None,
+    stub_seen: bool = False,
 ) -> bool:
     """After memcached refused an ``add``: store anyway when what holds the key is a lease's
     stub (a missing value being computed), with the stub's CAS, so the add wins over the
     lease as a set would. False when the key holds a value. (Without the disk tier: the
-    tier's own add replaces a stub, only when the disk has no value for the key either.)"""
+    tier's own add replaces a stub, only when the disk has no value for the key either.)
+    ``stub_seen``: the caller's own plain get found the stub already."""
     # A plain get first, which every node answers: the common refusal (a value holds the
     # key) costs one round trip, and no node is asked about meta for it.
-    if not makes_stubs(cache._options) or not await is_stub_now(client, wire):
+    if not stub_seen and (not makes_stubs(cache._options) or not await is_stub_now(client, wire)):
         return False
     node = client.cluster.node_index(wire)
     # A stub is a lease, most likely another process's: whether this one ever ran

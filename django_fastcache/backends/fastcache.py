@@ -655,7 +655,9 @@ class FastCache(BaseCache):
         if held is None or not is_stub(held[0], held[1]):
             return False
         ttl = self._ttl(timeout)
-        return run_blocking(add_over_stub(self, stack.blocking, wire, data, flags, ttl))
+        return run_blocking(
+            add_over_stub(self, stack.blocking, wire, data, flags, ttl, stub_seen=True)
+        )
 
     def touch(
         self, key: Any, timeout: float | object | None = DEFAULT_TIMEOUT, version: int | None = None
