@@ -89,6 +89,8 @@ NODE_FAILURES: Final = (NetworkError, ProtocolError)
 #: Tries of an incr that finds a refill's stub (the value is on its way back from disk).
 _STUB_TRIES: Final = 20
 _STUB_PAUSE: Final = 0.001
+#: The largest delta memcached counts by (an unsigned 64-bit number).
+_UINT64_MAX: Final = 2**64 - 1
 #: ``time.time`` and ``time.monotonic``, bound once: compiled, a module's attribute is
 #: looked up per call.
 _now: Final = time.time
@@ -891,8 +893,16 @@ class TieredStore:
         return failed
 
     async def add(
-        self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
+        self,
+        client: CommandSet,
+        key: bytes,
+        data: bytes,
+        flags: int,
+        ttl: float | None,
+        first: MetaReply | FastCacheError | None = None,
     ) -> bool:
+        """``first``: the outcome of the lease's ``mg`` that :meth:`add_now` sent, taken by
+        the first attempt as its own."""
         self._follow_files()
         node = self.cluster.node_index(key)
         bumped: list[int] = []
@@ -901,7 +911,7 @@ class TieredStore:
             if not self.states.is_out(node):
                 bumped.clear()
                 try:
-                    return await self._add_up(client, key, data, flags, ttl, bumped)
+                    return await self._add_up(client, key, data, flags, ttl, bumped, first)
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                     # Stamped: its store was sent, and memcached may have taken it (and
@@ -917,7 +927,32 @@ class TieredStore:
                 return result
             if strict:  # the node came back meanwhile: trying again might be refused by itself
                 raise _outcome_unknown(key, "add")
+            first = None
         return False
+
+    def add_now(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
+        """:meth:`add` on the blocking client, as a plain call (the sync API's flat path;
+        every argument is valid, as the backend's are) where its commonest answer comes
+        from the lease's ``mg`` alone: memcached holds a value, and the add is refused.
+        Anything else (a lease, a stale value, a failure, no meta) goes on in :meth:`add`,
+        which takes that ``mg``'s outcome as its first attempt's."""
+        if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
+            self._follow_files()
+        node = self.cluster.node_index(key)
+        first: MetaReply | FastCacheError | None = None
+        if not self.states.is_out(node):
+            try:
+                first = self.blocking.meta_at(
+                    node, b"mg %s v c f N%d\r\n" % (key, self.lease_seconds)
+                )
+            except FastCacheError as exc:
+                first = exc
+            else:
+                if first.status is MetaStatus.EN:
+                    first = None  # no lease handed out (the item went meanwhile): ask again
+                elif not first.stale and not _is_stub(first.value or b"", first.client_flags or 0):
+                    return False  # memcached holds a value (_add_up's refusal)
+        return run_blocking(self.add(self.blocking, key, data, flags, ttl, first))
 
     async def _add_up(
         self,
@@ -927,6 +962,7 @@ class TieredStore:
         flags: int,
         ttl: float | None,
         bumped: list[int],
+        first: MetaReply | FastCacheError | None = None,
     ) -> bool:
         """``add`` where memcached may have lost a value the disk tier still holds (a
         restart, or a replay's deletes): that value counts, as get would have answered it.
@@ -939,9 +975,12 @@ class TieredStore:
         or delete landing meanwhile replaces or removes the stub, and the CAS store fails."""
         for _try in range(_STUB_TRIES):
             try:
-                lease = await client.meta_get(
-                    key, value=True, cas=True, client_flags=True, vivify=self.lease_seconds
-                )
+                if first is None:
+                    lease = await client.meta_get(
+                        key, value=True, cas=True, client_flags=True, vivify=self.lease_seconds
+                    )
+                else:  # asked already (add_now): its outcome, as if asked here
+                    lease, first = _outcome(first), None
             except MetaUnsupportedError:
                 return await self._add_classic(client, key, data, flags, ttl, bumped)
             if lease is None:
@@ -1219,18 +1258,29 @@ class TieredStore:
         for key in settle:
             await self.delete(client, key)
 
-    async def incr(self, client: CommandSet, key: bytes, delta: int) -> int | None:
+    async def incr(
+        self,
+        client: CommandSet,
+        key: bytes,
+        delta: int,
+        bumped: list[int] | None = None,
+        attempts: int = _MAX_RETRIES,
+    ) -> int | None:
         """Add ``delta`` (negative: subtract, stopping at 0); None when ``key`` is missing.
 
         An increment memcached may have counted when its node failed (:func:`_may_have_run`)
         is counted on disk only from the entry under the stamp before its own, and only
         while no other write of the slot was stamped since: the disk's count is then the
         one memcached made, which readers may have seen before the node was marked out.
-        Otherwise :class:`OutcomeUnknownError` (it may have taken effect)."""
+        Otherwise :class:`OutcomeUnknownError` (it may have taken effect).
+
+        ``bumped`` and ``attempts``: where :meth:`incr_now` hands over, after an attempt
+        that counted nothing."""
         self._follow_files()
         node = self.cluster.node_index(key)
-        bumped: list[int] = []
-        for _attempt in range(_MAX_RETRIES):
+        if bumped is None:
+            bumped = []
+        for _attempt in range(attempts):
             strict = False
             epoch = self.states.epoch(node)
             if not epoch & 1:  # up
@@ -1264,6 +1314,66 @@ class TieredStore:
             if strict:  # the node came back meanwhile: trying again might count it twice
                 raise _outcome_unknown(key)
         return None
+
+    def incr_now(self, key: bytes, delta: int) -> int | None:
+        """:meth:`incr` on the blocking client, as a plain call (the sync API's flat path;
+        ``key`` is valid and ``delta`` an int within memcached's range, as the backend's
+        are): the first attempt, line for line as :meth:`incr` and :meth:`_incr_up` make
+        it, while memcached holds the counter (or, on a node without meta, with memcached's
+        ``incr``). Any other outcome that counted nothing (a miss, a stub or a value that
+        is not a number) goes on in :meth:`incr` from this attempt's stamp; a failure as
+        :meth:`incr`'s does."""
+        if type(delta) is not int or not -_UINT64_MAX <= delta <= _UINT64_MAX:
+            return run_blocking(self.incr(self.blocking, key, delta))  # raises, saying why
+        if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
+            self._follow_files()
+        node = self.cluster.node_index(key)
+        bumped: list[int] = []
+        strict = False
+        epoch = self.states.epoch(node)
+        if not epoch & 1:  # up
+            prev = self.stamps.current(key)
+            stamp = self.stamps.bump(key)
+            bumped = [prev, stamp]
+            if self.states.epoch(node) == epoch:  # (else: _WentOutBeforeSending)
+                now = _now()
+                count: tuple[int, int | None] | None = None
+                failed = False
+                try:
+                    try:
+                        count = self.blocking.count_at(node, key, delta)
+                    except MetaUnsupportedError:
+                        # No meta: memcached's incr, and no TTL to copy (a TTL of 0 queues a
+                        # delete: the key misses on disk), as _incr_up does.
+                        counted = self.blocking.incr_now(key, delta, True)
+                        count = None if counted is None else (counted, 0)
+                except CommandError:
+                    pass  # counted nothing: incr reads what holds the key (below)
+                except FastCacheError as exc:
+                    self._memcached_failed(node, exc, read=False)
+                    strict = _may_have_run(exc)
+                    failed = True
+                if count is not None:
+                    if self.states.epoch(node) == epoch or self._slot_still(key, bumped):
+                        value, seconds = count
+                        ttl = None if seconds is None or seconds < 0 else float(seconds)
+                        self._queue(key, stamp, b"%d" % value, FLAG_INTEGER, ttl, now)
+                        return value
+                    raise _outcome_unknown(key)
+                if not failed:
+                    # Counted nothing (a miss in memcached, a stub, not a number):
+                    # the disk's entry under the stamp before this one may hold the
+                    # counter, or a value may be on its way back: incr's attempt, from
+                    # this stamp.
+                    return run_blocking(self.incr(self.blocking, key, delta, bumped))
+        done, result = self._out(
+            node, key, functools.partial(self._incr_on_disk, key, delta, bumped, strict), None
+        )
+        if done:
+            return result
+        if strict:  # the node came back meanwhile: trying again might count it twice
+            raise _outcome_unknown(key)
+        return run_blocking(self.incr(self.blocking, key, delta, bumped, _MAX_RETRIES - 1))
 
     def _slot_still(self, key: bytes, bumped: list[int]) -> bool:
         """Whether the key's slot still holds the stamp this write gave it (bumped = [before,
@@ -1564,6 +1674,13 @@ class TieredStore:
             "read_copies": len(self.copies),
             "read_copies_bytes": self.copies.size,
         }
+
+
+def _outcome(reply: MetaReply | FastCacheError) -> MetaReply:
+    """A request's outcome, made elsewhere: its reply, or its error raised here."""
+    if isinstance(reply, FastCacheError):
+        raise reply
+    return reply
 
 
 async def _give_back(client: CommandSet, key: bytes, held: MetaReply | None) -> None:

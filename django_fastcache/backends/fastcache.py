@@ -638,8 +638,11 @@ class FastCache(BaseCache):
         version: int | None = None,
     ) -> bool:
         stack = self._stack or self._shared()
-        if stack.tiered is not None:
-            return run_blocking(self._add(stack.blocking, key, value, timeout, version))
+        tiered = stack.tiered
+        if tiered is not None:  # the same steps over the tier's flat path
+            wire = self.wire_key(key, version)
+            data, flags = self._encode(value, wire)
+            return tiered.add_now(wire, data, flags, self._ttl(timeout))
         if not stack.flat:
             return run_blocking(self._add(stack.blocking, key, value, timeout, version))
         wire = self.wire_key(key, version)
@@ -701,11 +704,15 @@ class FastCache(BaseCache):
 
     def incr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
         stack = self._stack or self._shared()
-        if stack.tiered is not None or not stack.flat:
+        tiered = stack.tiered
+        if tiered is None and not stack.flat:
             return run_blocking(self._incr(stack.blocking, key, delta, version))
         wire = self.wire_key(key, version)
         try:
-            value = stack.blocking.incr_now(wire, delta, True)
+            if tiered is not None:  # the same steps over the tier's flat path
+                value = tiered.incr_now(wire, delta)
+            else:
+                value = stack.blocking.incr_now(wire, delta, True)
         except NonIntegerValueError:
             raise
         except ClientError as exc:

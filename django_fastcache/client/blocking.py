@@ -37,11 +37,15 @@ from ..errors import (
     ConnectTimeoutError,
     FastCacheError,
     OperationTimeoutError,
+    ProtocolError,
     TLSError,
     UnknownCommandError,
 )
 from ..protocol import (
     Item,
+    MetaReply,
+    MetaResult,
+    MetaStatus,
     ReplyKind,
     ReplyParser,
     Status,
@@ -94,6 +98,9 @@ _STORAGE: Final = ReplyKind.STORAGE
 _DELETE: Final = ReplyKind.DELETE
 _TOUCH: Final = ReplyKind.TOUCH
 _ARITHMETIC: Final = ReplyKind.ARITHMETIC
+_META: Final = ReplyKind.META
+_VA: Final = MetaStatus.VA
+_NF: Final = MetaStatus.NF
 
 
 # A static of the compiled module: no lookup of the module attribute per call.
@@ -913,6 +920,35 @@ class BlockingClient(CommandSet):
             data = decr_command(key, -delta) if delta < 0 else incr_command(key, delta)
         reply = self.request(self.cluster.node_index(key), data, _ARITHMETIC)
         return None if reply is Status.NOT_FOUND else int(reply)
+
+    def meta_at(self, node: int, data: bytes) -> MetaReply:
+        """The reply to one meta command (``data``: its whole line, of a valid key and
+        flags that draw exactly one reply) sent to ``node``, as a plain call: the disk
+        tier's flat paths, which build their few commands at once. An error reply is
+        raised (``ERROR``: :class:`MetaUnsupportedError`)."""
+        replies: list[MetaResult] = self.request(node, data + b"mn\r\n", _META)
+        if len(replies) != 1:
+            raise ProtocolError(f"one meta command drew {len(replies)} replies before MN")
+        reply = replies[0]
+        if isinstance(reply, CommandError):
+            raise reply
+        return reply
+
+    def count_at(self, node: int, key: bytes, delta: int) -> tuple[int, int | None] | None:
+        """:meth:`~MetaCommands.meta_arithmetic` of a valid ``key`` on ``node``, as a plain
+        call: ``(new value, seconds left or -1)``, or None when the key is missing (NF).
+        ``delta`` is an int, negative to subtract. The disk tier's increment, which needs
+        the TTL for its disk copy: the same request as the coroutine's (``v c t``)."""
+        if delta < 0:
+            reply = self.meta_at(node, b"ma %s MD D%d v c t\r\n" % (key, -delta))
+        else:
+            reply = self.meta_at(node, b"ma %s D%d v c t\r\n" % (key, delta))
+        if reply.status is _NF:
+            return None
+        value = reply.value
+        if reply.status is not _VA or value is None or not value.isdigit():
+            raise ProtocolError(f"ma returned {reply.status.name} without a number: {value!r}")
+        return int(value), reply.ttl
 
     # -- the I/O primitives (coroutines that never suspend) ------------------------------
     async def _request(

@@ -13,6 +13,7 @@ for by bounded polling.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import multiprocessing
@@ -488,6 +489,43 @@ def test_a_truncated_reply_discards_the_connection_and_the_next_call_gets_its_ow
         assert timed(lambda: cache.get("b")) == b"beta"
         assert fake.accepted > connections
         assert [r.line for r in fake.requests[requests:]] == [b"get :1:b"]
+
+
+def test_incr_and_add_on_a_server_without_meta_go_on_with_the_classic_commands(
+    disk_directory: str,
+) -> None:
+    """The tier increments with ``ma`` (for the TTL of its disk copy) and adds under a
+    lease (``mg … N``); a server that answers ERROR gets memcached's ``incr`` and ``add``
+    instead, in the same call, each sent once, sync and async alike. The counter's disk
+    copy is dropped (no TTL to give it): the key misses on disk, never answers an older
+    count."""
+    with FakeMemcached() as fake:
+        cache = make_cache([fake.location], disk_directory, sign_values=False, **ANSWERED)
+        cache.set("counter", 1)
+        landed(cache)
+        before = len(fake.requests)
+        assert cache.incr("counter") == 2
+        assert cache.decr("counter", 5) == 0  # memcached's decr stops at 0
+        assert cache.incr("counter", 3) == 3
+        verbs = [r.line.split()[0] for r in fake.requests[before:]]
+        assert verbs.count(b"incr") + verbs.count(b"decr") == 3, verbs
+        assert [v for v in verbs if v not in (b"ma", b"mn")] == [b"incr", b"decr", b"incr"]
+
+        async def aincr() -> int:
+            return await cache.aincr("counter")
+
+        assert asyncio.run(aincr()) == 4
+        assert cache.get("counter") == b"4"  # (the fake keeps no flags: raw bytes)
+        landed(cache)
+        assert cache._shared().tiered._on_disk(cache.wire_key("counter")) is None
+        before = len(fake.requests)
+        assert cache.add("new", b"x") is True
+        assert cache.add("new", b"y") is False
+        assert asyncio.run(cache.aadd("new", b"z")) is False
+        verbs = [r.line.split()[0] for r in fake.requests[before:]]
+        assert [v for v in verbs if v not in (b"mg", b"mn")] == [b"add"] * 3
+        assert cache.get("new") == b"x"
+        assert node_states(cache) == ["up"]
 
 
 # -- the disk tier failing -----------------------------------------------------------------

@@ -22,7 +22,7 @@ from django_fastcache.errors import (
     InvalidKeyError,
     ValueTooLargeError,
 )
-from django_fastcache.protocol import MetaStatus
+from django_fastcache.protocol import MetaStatus, MetaUnsupportedError
 from django_fastcache.testing.fake_server import FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer
 
@@ -308,6 +308,46 @@ def test_arithmetic_on_a_non_number_is_a_client_error(
         return await client.meta_get(b"k")  # the connection stays usable
 
     assert run([memcached.location], scenario).value == b"text"
+
+
+def test_count_at_is_meta_arithmetic_as_a_plain_call(memcached: MemcachedServer) -> None:
+    """The blocking client's ``count_at`` (the disk tier's flat increment): the count and
+    the TTL left as ``meta_arithmetic`` answers them, None for a missing key, an error
+    reply raised, and the connection kept in step throughout."""
+    client = BlockingClient(Cluster([memcached.location], ClientSettings(timeout=5.0)))
+    try:
+        node = client.cluster.node_index(b"n")
+        assert client.count_at(node, b"n", 1) is None
+        run_blocking(client.meta_set(b"n", b"10", exptime=500))
+        counted = client.count_at(node, b"n", 5)
+        assert counted is not None
+        assert counted[0] == 15
+        ttl = counted[1]
+        assert ttl is not None
+        assert 400 < ttl <= 500
+        assert client.count_at(node, b"n", -100) == (0, ttl)  # memcached stops at 0
+        assert client.count_at(node, b"n", 2**64 - 1) == (2**64 - 1, ttl)
+        assert client.count_at(node, b"n", 1) == (0, ttl)  # and wraps an increment
+        run_blocking(client.meta_set(b"forever", b"1"))
+        assert client.count_at(client.cluster.node_index(b"forever"), b"forever", 1) == (2, -1)
+        run_blocking(client.meta_set(b"k", b"text"))
+        with pytest.raises(ClientError, match="non-numeric"):
+            client.count_at(client.cluster.node_index(b"k"), b"k", 1)
+        assert client.value_now(b"k") == (b"text", 0)  # the connection stays usable
+        assert run_blocking(client.meta_arithmetic(b"n", 2)).value == 2
+    finally:
+        client.close_thread_connections()
+
+
+def test_count_at_on_a_server_without_meta_raises_meta_unsupported() -> None:
+    with FakeMemcached(values={b"n": b"1"}) as fake:
+        client = BlockingClient(Cluster([fake.location], ClientSettings(timeout=5.0)))
+        try:
+            with pytest.raises(MetaUnsupportedError):
+                client.count_at(0, b"n", 1)
+            assert client.incr_now(b"n", 1) == 2  # classic commands still work
+        finally:
+            client.close_thread_connections()
 
 
 # -- quiet multi-get ------------------------------------------------------------------------

@@ -635,6 +635,29 @@ def test_add_over_a_stub_with_nothing_on_disk_replaces_it(
     assert cache.get("fresh") == 7
 
 
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_add_over_an_invalidated_value_is_refused_and_leaves_the_win_for_get_or_set(
+    cache: FastCache, raw: Raw, api: str
+) -> None:
+    """invalidate() marks the value stale: add still finds the key holding a value and is
+    refused; the win its lease request took goes back, so get_or_set's next caller wins
+    and computes the new value."""
+    cache.set("k", "old", timeout=1000)
+    assert cache.invalidate("k")
+    if api == "sync":
+        assert cache.add("k", "new") is False
+    else:
+        assert asyncio.run(cache.aadd("k", "new")) is False
+    store = tiered(cache)
+    held = run_blocking(store.blocking.meta_get(cache.wire_key("k"), cas=True, vivify=30))
+    assert held is not None
+    assert held.stale
+    assert held.win  # given back by the add: this request took it
+    run_blocking(store.blocking.meta_delete(cache.wire_key("k"), cas=held.cas, invalidate=True))
+    assert cache.get_or_set("k", lambda: "computed") == "computed"
+    assert cache.get("k") == "computed"
+
+
 def test_add_after_a_replay_deleted_the_counter_counts_on(
     server: MemcachedServer, disk_directory: str
 ) -> None:
