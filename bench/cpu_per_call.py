@@ -23,12 +23,12 @@ to the same run, for before/after figures side by side: its package is extracted
 git under another name (``fastcache_baseline``) and imported beside the current one.
 
 Operations: get (hit), get (miss), set, add (of a key that exists: a NOT_STORED round
-trip), delete (of a missing key), incr, get_many of 10 keys, set_many of 10 keys; 100-byte
-values. Subjects: the raw clients (FastCache's ``BlockingClient`` and async ``Client``,
-pylibmc, pymemcache, meta-memcache's ``CacheClient``) and the Django backends (FastCache
-with the disk tier off and on, and with its values unsealed; PyLibMCCache,
-PyMemcacheCache), sync and async. Ratios are
-printed against pylibmc (raw) and PyLibMCCache (Django).
+trip), delete (of a missing key), incr, touch (of a key that exists; the Django backends
+only), get_many of 10 keys, set_many of 10 keys; 100-byte values. Subjects: the raw
+clients (FastCache's ``BlockingClient`` and async ``Client``, pylibmc, pymemcache,
+meta-memcache's ``CacheClient``) and the Django backends (FastCache with the disk tier off
+and on, and with its values unsealed; PyLibMCCache, PyMemcacheCache), sync and async.
+Ratios are printed against pylibmc (raw) and PyLibMCCache (Django).
 """
 
 from __future__ import annotations
@@ -60,7 +60,17 @@ from django_fastcache.testing.servers import MemcachedServer
 VALUE = b"x" * 100
 TEXT_VALUE = "x" * 100
 MANY = 10
-OPERATIONS = ("get", "get_miss", "set", "add", "delete", "incr", "get_many", "set_many")
+OPERATIONS = (
+    "get",
+    "get_miss",
+    "set",
+    "add",
+    "delete",
+    "incr",
+    "touch",
+    "get_many",
+    "set_many",
+)
 
 
 @dataclass
@@ -202,6 +212,7 @@ def django_cases(loop: asyncio.AbstractEventLoop) -> list[Case]:
             "set": lambda c=cache: c.set("k1", TEXT_VALUE),
             "add": lambda c=cache: c.add("k2", TEXT_VALUE),
             "delete": lambda c=cache: c.delete("absent"),
+            "touch": lambda c=cache: c.touch("k3", 300),
             "incr": lambda c=cache: c.incr("counter"),
             "get_many": lambda c=cache: c.get_many(keys),
             "set_many": lambda c=cache: c.set_many(mapping),

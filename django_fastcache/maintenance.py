@@ -37,6 +37,8 @@ CULL_INTERVAL = 60.0
 #: costs a busy process more than the check (the thread takes the GIL from its requests),
 #: so the thread wakes seldom.
 IDLE_TICK = 1.0
+#: A node of a registered store: its registration's handle, and the node's index.
+_Slot = tuple[Handle[TieredStore], int]
 #: Held through a move to the directory's files: the calls of any thread, the maintenance
 #: thread and the journal's transactions all check the files, and two moves at once would
 #: each map new pages, one set lost with what was carried over to it.
@@ -53,10 +55,12 @@ class Maintenance:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
-        # Per (store, node): when to probe next, and the current backoff.
-        self._next_probe: dict[tuple[int, int], tuple[float, float]] = {}
+        # Per (store, node): when to probe next, and the current backoff. Keyed by the
+        # store's handle (held here until the store is no longer registered: a store made
+        # later at the same address, as an id, must not inherit an old store's backoff).
+        self._next_probe: dict[_Slot, tuple[float, float]] = {}
         # Per (store, node) out: since when (monotonic), and when it was last warned about.
-        self._out_since: dict[tuple[int, int], tuple[float, float]] = {}
+        self._out_since: dict[_Slot, tuple[float, float]] = {}
 
     def register(self, store: TieredStore) -> None:
         """Probe and cull ``store`` from now on. (A store is registered with one thread:
@@ -132,12 +136,15 @@ class Maintenance:
         """One round: every store's files checked and nodes out probed, and the culls
         when due. Whether a node is out, and when the next cull is due."""
         with self._lock:
-            stores = [handle.target for handle in list(self._stores)]
+            handles = list(self._stores)
+        self._forget_gone(handles)
+        stores = [handle.target for handle in handles]
         anything_out = False
-        for store in stores:
+        for handle in handles:
+            store = handle.target
             try:
                 check_files(store)
-                anything_out |= self._probe_out_nodes(store)
+                anything_out |= self._probe_out_nodes(handle)
             except Exception:
                 # Whatever went wrong with one store, the thread must go on: it is the
                 # only thing that ever brings a node back, for every store.
@@ -153,10 +160,19 @@ class Maintenance:
             next_cull = now + CULL_INTERVAL
         return anything_out, next_cull
 
-    def _probe_out_nodes(self, store: TieredStore) -> bool:
+    def _forget_gone(self, handles: list[Handle[TieredStore]]) -> None:
+        """Drop the probe bookkeeping of stores no longer registered (closed, or
+        collected)."""
+        live = set(handles)
+        for book in (self._next_probe, self._out_since):
+            for slot in [slot for slot in book if slot[0] not in live]:
+                del book[slot]
+
+    def _probe_out_nodes(self, handle: Handle[TieredStore]) -> bool:
+        store = handle.target
         anything_out = False
         for node in range(len(store.cluster)):
-            slot = (id(store), node)
+            slot = (handle, node)
             if not store.states.is_out(node):
                 self._next_probe.pop(slot, None)
                 self._out_since.pop(slot, None)
@@ -179,9 +195,7 @@ class Maintenance:
                     store.on_node_back(store.cluster.node_ids[node], replayed)
         return anything_out
 
-    def _warn_while_out(
-        self, store: TieredStore, node: int, slot: tuple[int, int], now: float
-    ) -> None:
+    def _warn_while_out(self, store: TieredStore, node: int, slot: _Slot, now: float) -> None:
         """Say again, every ``logs.REPEAT_INTERVAL`` seconds, that a node is still out (the
         first warning came when it went out, from whichever process marked it)."""
         since, warned = self._out_since.setdefault(slot, (now, now))

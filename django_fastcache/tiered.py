@@ -1085,16 +1085,30 @@ class TieredStore:
         self._set_on_disk(key, data, flags, ttl)
         return True
 
-    async def touch(self, client: CommandSet, key: bytes, ttl: float | None) -> bool:
+    async def touch(
+        self,
+        client: CommandSet,
+        key: bytes,
+        ttl: float | None,
+        bumped: list[int] | None = None,
+        first: MetaReply | FastCacheError | None = None,
+        asked: bool = False,
+    ) -> bool:
+        """``bumped``, ``first`` and ``asked``: where :meth:`touch_now` hands over, after
+        stamping the key (``bumped``) and sending the touch's ``mg`` (its outcome
+        ``first``, None for a miss), which the first attempt takes as its own."""
         self._follow_files()
         node = self.cluster.node_index(key)
-        bumped: list[int] = []
+        if bumped is None:
+            bumped = []
         for _attempt in range(_MAX_RETRIES):
-            if not self.states.is_out(node):
+            if not self.states.is_out(node) or asked:
                 try:
-                    return await self._touch_up(client, key, ttl, bumped)
+                    return await self._touch_up(client, key, ttl, bumped, first, asked)
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
+                finally:
+                    first, asked = None, False
             done, result = self._out(
                 node, key, lambda: self._touch_on_disk(key, ttl, bumped), False
             )
@@ -1102,12 +1116,58 @@ class TieredStore:
                 return result
         return False
 
+    def touch_now(self, key: bytes, ttl: float | None) -> bool:
+        """:meth:`touch` on the blocking client, as a plain call (the sync API's flat path;
+        ``key`` is valid, as the backend's are) where the touch's ``mg`` settles it:
+        memcached holds a value, touched, whose disk copy is queued with its new expiry.
+        Anything else (a miss, a stub, a stale value, a failure, no meta) goes on in
+        :meth:`touch` from this stamp, which takes that ``mg``'s outcome as its own; a TTL
+        of 0 or less (a delete) goes there at once."""
+        if ttl is not None and ttl <= 0:
+            return run_blocking(self.touch(self.blocking, key, ttl))
+        if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
+            self._follow_files()
+        node = self.cluster.node_index(key)
+        if self.states.is_out(node):
+            return run_blocking(self.touch(self.blocking, key, ttl))
+        # _touch_up's steps: stamped first, then touched and read in one step.
+        prev = self.stamps.current(key)
+        stamp = self.stamps.bump(key)
+        bumped = [prev, stamp]
+        now = _now()
+        first: MetaReply | FastCacheError | None
+        try:
+            first = self.blocking.meta_at(
+                node, b"mg %s v c f T%d\r\n" % (key, memcached_exptime(ttl, now))
+            )
+        except FastCacheError as exc:
+            first = exc
+        else:
+            if first.status is MetaStatus.EN:
+                first = None  # a miss: the disk may hold the key
+            elif not first.stale and not _is_stub(first.value or b"", first.client_flags or 0):
+                assert first.value is not None
+                self._queue(key, stamp, first.value, first.client_flags or 0, ttl, now)
+                return True
+        return run_blocking(self.touch(self.blocking, key, ttl, bumped, first, True))
+
     async def _touch_up(
-        self, client: CommandSet, key: bytes, ttl: float | None, bumped: list[int]
+        self,
+        client: CommandSet,
+        key: bytes,
+        ttl: float | None,
+        bumped: list[int],
+        first: MetaReply | FastCacheError | None = None,
+        asked: bool = False,
     ) -> bool:
-        prev = self._before(key, bumped)
-        stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
-        bumped[:] = [prev, stamp]
+        """``asked``: :meth:`touch_now` stamped the key (``bumped``) and sent the ``mg``
+        already; ``first`` is its outcome."""
+        if asked:
+            prev, stamp = bumped
+        else:
+            prev = self._before(key, bumped)
+            stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
+            bumped[:] = [prev, stamp]
         now = _now()
         exptime = memcached_exptime(ttl, now)
         if ttl is not None and ttl <= 0:
@@ -1116,9 +1176,12 @@ class TieredStore:
             return touched or self._on_disk(key, prev) is not None
         try:
             # Touched and read in one step, for the disk copy's new expiry.
-            held = await client.meta_get(
-                key, value=True, client_flags=True, touch=exptime, cas=True
-            )
+            if asked:
+                held = None if first is None else _outcome(first)
+            else:
+                held = await client.meta_get(
+                    key, value=True, client_flags=True, touch=exptime, cas=True
+                )
         except MetaUnsupportedError:
             touched = await client.touch(key, exptime)
             self._behind(key, stamp, None, 0, None, now)  # no copy: the key misses on disk

@@ -63,6 +63,12 @@ GET_OR_SET_SHARE = 0.3
 #: Logged as such: the checker counts it as a delete that may or may not have taken effect
 #: (a failed one), which explains a later miss and makes no read of the old value stale.
 INVALIDATE_SHARE = 0.3
+#: The share of reads made with touch() instead (no expiry, as every write here): it
+#: changes no value, so it is not logged; what it could do wrong is queue, or put back into
+#: memcached, a value older than a write racing it, which later reads would find.
+TOUCH_SHARE = 0.1
+#: The kind of a touch, which is not logged.
+TOUCHED = -1
 
 
 @dataclass
@@ -134,7 +140,10 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
         ok = True
         computed: int | None = None
         try:
-            if kind == 0 and rng.random() < GET_OR_SET_SHARE:
+            if kind == 0 and rng.random() < TOUCH_SHARE:
+                cache.touch(keys[key], None)
+                kind = TOUCHED
+            elif kind == 0 and rng.random() < GET_OR_SET_SHARE:
                 writes += 1
                 offered = base + writes * WRITE_SPACING
                 ran: list[int] = []
@@ -187,6 +196,8 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
             source = JOURNALED
             counters[slot + JOURNALED_WRITES] += 1
         counters[slot + OPS] += 1
+        if kind == TOUCHED:
+            continue
         if computed is not None:
             # The default's value: an add that took (stored under the lease), or a write
             # that may have landed, over the call's interval.

@@ -491,12 +491,12 @@ def test_a_truncated_reply_discards_the_connection_and_the_next_call_gets_its_ow
         assert [r.line for r in fake.requests[requests:]] == [b"get :1:b"]
 
 
-def test_incr_and_add_on_a_server_without_meta_go_on_with_the_classic_commands(
+def test_incr_add_and_touch_on_a_server_without_meta_go_on_with_the_classic_commands(
     disk_directory: str,
 ) -> None:
-    """The tier increments with ``ma`` (for the TTL of its disk copy) and adds under a
-    lease (``mg … N``); a server that answers ERROR gets memcached's ``incr`` and ``add``
-    instead, in the same call, each sent once, sync and async alike. The counter's disk
+    """The tier increments with ``ma`` (for the TTL of its disk copy), adds under a lease
+    (``mg … N``) and touches with ``mg … T``; a server that answers ERROR gets memcached's
+    ``incr``, ``add`` and ``touch`` instead, in the same call, each sent once. The counter's disk
     copy is dropped (no TTL to give it): the key misses on disk, never answers an older
     count."""
     with FakeMemcached() as fake:
@@ -525,6 +525,11 @@ def test_incr_and_add_on_a_server_without_meta_go_on_with_the_classic_commands(
         verbs = [r.line.split()[0] for r in fake.requests[before:]]
         assert [v for v in verbs if v not in (b"mg", b"mn")] == [b"add"] * 3
         assert cache.get("new") == b"x"
+        before = len(fake.requests)
+        assert cache.touch("new", 100) is True
+        assert cache.touch("absent", 100) is False
+        verbs = [r.line.split()[0] for r in fake.requests[before:]]
+        assert [v for v in verbs if v not in (b"mg", b"mn")] == [b"touch"] * 2
         assert node_states(cache) == ["up"]
 
 

@@ -525,6 +525,51 @@ def test_touch_changes_the_expiry_in_both_tiers(cache: FastCache, raw: Raw) -> N
     assert cache.touch("k", 100) is False
 
 
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_touch_of_a_key_memcached_lost_puts_it_back_with_the_new_expiry(
+    cache: FastCache, memcached: MemcachedServer, raw: Raw, api: str
+) -> None:
+    cache.set("k", "v", timeout=10)
+    landed(cache)
+    memcached.flush()
+    if api == "sync":
+        assert cache.touch("k", 2000) is True  # get would answer it: touch finds it
+    else:
+        assert asyncio.run(cache.atouch("k", 2000)) is True
+    assert raw.get(cache.wire_key("k")) == encoded(cache, "v")
+    ttl = raw.ttl(cache.wire_key("k"))
+    assert ttl is not None
+    assert 2000 - TTL_SLACK <= ttl <= 2000
+    landed(cache)
+    entry = on_disk(cache, "k")
+    assert entry is not None
+    remaining = entry.remaining_seconds(time.time())
+    assert remaining is not None
+    assert 2000 - TTL_SLACK <= remaining <= 2000
+    memcached.flush()
+    cache.delete("k")
+    assert cache.touch("k", 100) is False  # in neither tier
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_touch_of_an_invalidated_value_leaves_the_win_for_get_or_set(
+    cache: FastCache, api: str
+) -> None:
+    cache.set("k", "old", timeout=1000)
+    assert cache.invalidate("k")
+    if api == "sync":
+        assert cache.touch("k", 500) is True
+    else:
+        assert asyncio.run(cache.atouch("k", 500)) is True
+    store = tiered(cache)
+    held = run_blocking(store.blocking.meta_get(cache.wire_key("k"), cas=True, vivify=30))
+    assert held is not None
+    assert held.stale
+    assert held.win  # given back by the touch: this request took it
+    run_blocking(store.blocking.meta_delete(cache.wire_key("k"), cas=held.cas, invalidate=True))
+    assert cache.get_or_set("k", lambda: "computed") == "computed"
+
+
 def test_delete_and_delete_many_remove_from_both_tiers(cache: FastCache, raw: Raw) -> None:
     cache.set_many({"a": 1, "b": 2, "c": 3, "d": 4})
     landed(cache)

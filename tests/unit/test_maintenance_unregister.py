@@ -46,3 +46,48 @@ def test_unregister_waits_for_the_round_that_holds_the_store(monkeypatch: Any) -
     unregistering.join(10)
     assert handle not in thread._stores
     assert store.maintained is None
+
+
+class _OutStore:
+    """A store of one node that is out, whose probes fail (what the round reads of it)."""
+
+    maintained: object | None = None
+
+    def __init__(self) -> None:
+        self.cluster = [0]
+        self.states = self
+        self.directory = "/nowhere"
+        self.last_probe_error: dict[int, str] = {}
+        self.on_node_back = None
+        self.probes = 0
+
+    def is_out(self, node: int) -> bool:
+        return True
+
+    def bring_back(self, node: int) -> int | None:
+        self.probes += 1
+        return None  # still out
+
+
+def test_a_store_no_longer_registered_leaves_no_backoff_behind(monkeypatch: Any) -> None:
+    """The probe's backoff is kept per registration: once a store is unregistered (or
+    collected), the next round forgets it, and a store registered later starts afresh,
+    whatever address it was given."""
+    monkeypatch.setattr(maintenance_module, "check_files", lambda store: None)
+    thread = Maintenance()
+    old: Any = _OutStore()
+    old_handle = Handle(old)
+    thread._stores.add(old_handle)
+    assert thread._round_over_stores(float("inf"))[0]  # a node is out
+    assert old.probes == 1
+    assert set(thread._next_probe) == {(old_handle, 0)}
+    assert thread._next_probe[(old_handle, 0)][1] > maintenance_module.MIN_BACKOFF
+    assert set(thread._out_since) == {(old_handle, 0)}
+    thread._stores.discard(old_handle)  # what unregister does
+    new: Any = _OutStore()
+    new_handle = Handle(new)
+    thread._stores.add(new_handle)
+    thread._round_over_stores(float("inf"))
+    assert new.probes == 1  # probed at once: no backoff inherited
+    assert {slot[0] for slot in thread._next_probe} == {new_handle}
+    assert {slot[0] for slot in thread._out_since} == {new_handle}
