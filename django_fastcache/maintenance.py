@@ -37,8 +37,8 @@ CULL_INTERVAL = 60.0
 #: costs a busy process more than the check (the thread takes the GIL from its requests),
 #: so the thread wakes seldom.
 IDLE_TICK = 1.0
-#: A node of a registered store: its registration's handle, and the node's index.
-_Slot = tuple[Handle[TieredStore], int]
+#: Per registered store (its registration's handle, weakly), by node: two times.
+_Book = weakref.WeakKeyDictionary[Handle[TieredStore], dict[int, tuple[float, float]]]
 #: Held through a move to the directory's files: the calls of any thread, the maintenance
 #: thread and the journal's transactions all check the files, and two moves at once would
 #: each map new pages, one set lost with what was carried over to it.
@@ -55,12 +55,12 @@ class Maintenance:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
-        # Per (store, node): when to probe next, and the current backoff. Keyed by the
-        # store's handle (held here until the store is no longer registered: a store made
-        # later at the same address, as an id, must not inherit an old store's backoff).
-        self._next_probe: dict[_Slot, tuple[float, float]] = {}
-        # Per (store, node) out: since when (monotonic), and when it was last warned about.
-        self._out_since: dict[_Slot, tuple[float, float]] = {}
+        # Per store, by node: when to probe next, and the current backoff. Keyed weakly by
+        # the store's handle: a store dropped while a node is out is not kept alive by its
+        # bookkeeping, and a store made later at its address does not inherit it.
+        self._next_probe: _Book = weakref.WeakKeyDictionary()
+        # Per store, by node out: since when (monotonic), and when it was last warned about.
+        self._out_since: _Book = weakref.WeakKeyDictionary()
 
     def register(self, store: TieredStore) -> None:
         """Probe and cull ``store`` from now on. (A store is registered with one thread:
@@ -165,43 +165,46 @@ class Maintenance:
         collected)."""
         live = set(handles)
         for book in (self._next_probe, self._out_since):
-            for slot in [slot for slot in book if slot[0] not in live]:
-                del book[slot]
+            for handle in [handle for handle in list(book) if handle not in live]:
+                book.pop(handle, None)
 
     def _probe_out_nodes(self, handle: Handle[TieredStore]) -> bool:
         store = handle.target
+        next_probe = self._next_probe.setdefault(handle, {})
+        out_since = self._out_since.setdefault(handle, {})
         anything_out = False
         for node in range(len(store.cluster)):
-            slot = (handle, node)
             if not store.states.is_out(node):
-                self._next_probe.pop(slot, None)
-                self._out_since.pop(slot, None)
+                next_probe.pop(node, None)
+                out_since.pop(node, None)
                 continue
             anything_out = True
             now = time.monotonic()
-            self._warn_while_out(store, node, slot, now)
-            due, backoff = self._next_probe.get(slot, (now, MIN_BACKOFF))
+            self._warn_while_out(store, node, out_since, now)
+            due, backoff = next_probe.get(node, (now, MIN_BACKOFF))
             if now < due:
                 continue
             replayed = store.bring_back(node)
             if replayed is None:
                 backoff = min(backoff * 2, MAX_BACKOFF)
-                self._next_probe[slot] = (time.monotonic() + backoff, backoff)
+                next_probe[node] = (time.monotonic() + backoff, backoff)
                 continue
-            self._next_probe.pop(slot, None)
-            self._out_since.pop(slot, None)
+            next_probe.pop(node, None)
+            out_since.pop(node, None)
             if store.on_node_back is not None:
                 with contextlib.suppress(Exception):  # a receiver's error must not stop probing
                     store.on_node_back(store.cluster.node_ids[node], replayed)
         return anything_out
 
-    def _warn_while_out(self, store: TieredStore, node: int, slot: _Slot, now: float) -> None:
+    def _warn_while_out(
+        self, store: TieredStore, node: int, out_since: dict[int, tuple[float, float]], now: float
+    ) -> None:
         """Say again, every ``logs.REPEAT_INTERVAL`` seconds, that a node is still out (the
         first warning came when it went out, from whichever process marked it)."""
-        since, warned = self._out_since.setdefault(slot, (now, now))
+        since, warned = out_since.setdefault(node, (now, now))
         if now - warned < logs.REPEAT_INTERVAL:
             return
-        self._out_since[slot] = (since, now)
+        out_since[node] = (since, now)
         logger.warning(
             "memcached node %s is still out (for %.0f s seen from this process); its keys are "
             "served by the disk tier at %s; latest probe: %s",

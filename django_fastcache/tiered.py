@@ -908,7 +908,9 @@ class TieredStore:
         bumped: list[int] = []
         for _attempt in range(_MAX_RETRIES):
             strict = False
-            if not self.states.is_out(node):
+            # (A reply add_now took is handled even if the node went out since: a win it
+            # took on a stale value goes back, as when the mg is sent here.)
+            if not self.states.is_out(node) or first is not None:
                 bumped.clear()
                 try:
                     return await self._add_up(client, key, data, flags, ttl, bumped, first)
@@ -1369,13 +1371,9 @@ class TieredStore:
                         return value
                     if count is not None:
                         raise _outcome_unknown(key)
-            done, result = self._out(
-                node, key, functools.partial(self._incr_on_disk, key, delta, bumped, strict), None
-            )
+            done, result = self._incr_out(node, key, delta, bumped, strict)
             if done:
                 return result
-            if strict:  # the node came back meanwhile: trying again might count it twice
-                raise _outcome_unknown(key)
         return None
 
     def incr_now(self, key: bytes, delta: int) -> int | None:
@@ -1387,7 +1385,7 @@ class TieredStore:
         is not a number) goes on in :meth:`incr` from this attempt's stamp; a failure as
         :meth:`incr`'s does."""
         if type(delta) is not int or not -_UINT64_MAX <= delta <= _UINT64_MAX:
-            return run_blocking(self.incr(self.blocking, key, delta))  # raises, saying why
+            return run_blocking(self.incr(self.blocking, key, delta))  # (checked there)
         if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
             self._follow_files()
         node = self.cluster.node_index(key)
@@ -1429,14 +1427,24 @@ class TieredStore:
                     # counter, or a value may be on its way back: incr's attempt, from
                     # this stamp.
                     return run_blocking(self.incr(self.blocking, key, delta, bumped))
+        done, result = self._incr_out(node, key, delta, bumped, strict)
+        if done:
+            return result
+        return run_blocking(self.incr(self.blocking, key, delta, bumped, _MAX_RETRIES - 1))
+
+    def _incr_out(
+        self, node: int, key: bytes, delta: int, bumped: list[int], strict: bool
+    ) -> tuple[bool, int | None]:
+        """The increment counted on disk while ``node`` is out (:meth:`_out`): ``(False,
+        None)`` when the node came back meanwhile, for another attempt on memcached, unless
+        ``strict`` (the attempt may have counted: another might count it twice), which
+        raises :class:`OutcomeUnknownError` instead."""
         done, result = self._out(
             node, key, functools.partial(self._incr_on_disk, key, delta, bumped, strict), None
         )
-        if done:
-            return result
-        if strict:  # the node came back meanwhile: trying again might count it twice
+        if not done and strict:
             raise _outcome_unknown(key)
-        return run_blocking(self.incr(self.blocking, key, delta, bumped, _MAX_RETRIES - 1))
+        return done, result
 
     def _slot_still(self, key: bytes, bumped: list[int]) -> bool:
         """Whether the key's slot still holds the stamp this write gave it (bumped = [before,

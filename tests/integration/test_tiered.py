@@ -525,6 +525,20 @@ def test_touch_changes_the_expiry_in_both_tiers(cache: FastCache, raw: Raw) -> N
     assert cache.touch("k", 100) is False
 
 
+def assert_the_win_is_free(cache: FastCache, key: str) -> None:
+    """``key`` holds a stale (invalidated) value whose win nobody has taken: the next
+    lease request takes it (and gives it back), and get_or_set's caller then computes."""
+    store = tiered(cache)
+    wire = cache.wire_key(key)
+    held = run_blocking(store.blocking.meta_get(wire, cas=True, vivify=30))
+    assert held is not None
+    assert held.stale
+    assert held.win  # the earlier call gave its win back: this request took it
+    run_blocking(store.blocking.meta_delete(wire, cas=held.cas, invalidate=True))
+    assert cache.get_or_set(key, lambda: "computed") == "computed"
+    assert cache.get(key) == "computed"
+
+
 @pytest.mark.parametrize("api", ["sync", "async"])
 def test_touch_of_a_key_memcached_lost_puts_it_back_with_the_new_expiry(
     cache: FastCache, memcached: MemcachedServer, raw: Raw, api: str
@@ -561,13 +575,7 @@ def test_touch_of_an_invalidated_value_leaves_the_win_for_get_or_set(
         assert cache.touch("k", 500) is True
     else:
         assert asyncio.run(cache.atouch("k", 500)) is True
-    store = tiered(cache)
-    held = run_blocking(store.blocking.meta_get(cache.wire_key("k"), cas=True, vivify=30))
-    assert held is not None
-    assert held.stale
-    assert held.win  # given back by the touch: this request took it
-    run_blocking(store.blocking.meta_delete(cache.wire_key("k"), cas=held.cas, invalidate=True))
-    assert cache.get_or_set("k", lambda: "computed") == "computed"
+    assert_the_win_is_free(cache, "k")
 
 
 def test_delete_and_delete_many_remove_from_both_tiers(cache: FastCache, raw: Raw) -> None:
@@ -693,14 +701,7 @@ def test_add_over_an_invalidated_value_is_refused_and_leaves_the_win_for_get_or_
         assert cache.add("k", "new") is False
     else:
         assert asyncio.run(cache.aadd("k", "new")) is False
-    store = tiered(cache)
-    held = run_blocking(store.blocking.meta_get(cache.wire_key("k"), cas=True, vivify=30))
-    assert held is not None
-    assert held.stale
-    assert held.win  # given back by the add: this request took it
-    run_blocking(store.blocking.meta_delete(cache.wire_key("k"), cas=held.cas, invalidate=True))
-    assert cache.get_or_set("k", lambda: "computed") == "computed"
-    assert cache.get("k") == "computed"
+    assert_the_win_is_free(cache, "k")
 
 
 def test_add_after_a_replay_deleted_the_counter_counts_on(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from typing import Any
 
 from django_fastcache import maintenance as maintenance_module
@@ -70,9 +72,8 @@ class _OutStore:
 
 
 def test_a_store_no_longer_registered_leaves_no_backoff_behind(monkeypatch: Any) -> None:
-    """The probe's backoff is kept per registration: once a store is unregistered (or
-    collected), the next round forgets it, and a store registered later starts afresh,
-    whatever address it was given."""
+    """The probe's backoff is kept per registration: once a store is unregistered, the
+    next round forgets it, and a store registered later starts afresh."""
     monkeypatch.setattr(maintenance_module, "check_files", lambda store: None)
     thread = Maintenance()
     old: Any = _OutStore()
@@ -80,14 +81,33 @@ def test_a_store_no_longer_registered_leaves_no_backoff_behind(monkeypatch: Any)
     thread._stores.add(old_handle)
     assert thread._round_over_stores(float("inf"))[0]  # a node is out
     assert old.probes == 1
-    assert set(thread._next_probe) == {(old_handle, 0)}
-    assert thread._next_probe[(old_handle, 0)][1] > maintenance_module.MIN_BACKOFF
-    assert set(thread._out_since) == {(old_handle, 0)}
+    assert list(thread._next_probe) == [old_handle]
+    assert thread._next_probe[old_handle][0][1] > maintenance_module.MIN_BACKOFF
+    assert list(thread._out_since) == [old_handle]
     thread._stores.discard(old_handle)  # what unregister does
     new: Any = _OutStore()
     new_handle = Handle(new)
     thread._stores.add(new_handle)
     thread._round_over_stores(float("inf"))
     assert new.probes == 1  # probed at once: no backoff inherited
-    assert {slot[0] for slot in thread._next_probe} == {new_handle}
-    assert {slot[0] for slot in thread._out_since} == {new_handle}
+    assert list(thread._next_probe) == [new_handle]
+    assert list(thread._out_since) == [new_handle]
+
+
+def test_a_store_dropped_while_its_node_is_out_is_collected(monkeypatch: Any) -> None:
+    """The bookkeeping of a node out does not keep its store alive: a cache dropped without
+    close() while memcached is down goes, and the thread stops probing for it."""
+    monkeypatch.setattr(maintenance_module, "check_files", lambda store: None)
+    thread = Maintenance()
+    store: Any = _OutStore()
+    store.maintained = Handle(store)  # the store holds its registration's handle
+    thread._stores.add(store.maintained)
+    assert thread._round_over_stores(float("inf"))[0]
+    assert len(thread._next_probe) == 1
+    gone = weakref.ref(store)
+    del store
+    gc.collect()
+    assert gone() is None
+    assert not thread._round_over_stores(float("inf"))[0]  # nothing left to probe
+    assert len(thread._next_probe) == 0
+    assert len(thread._out_since) == 0
