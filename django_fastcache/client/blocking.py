@@ -44,7 +44,6 @@ from ..errors import (
 from ..protocol import (
     Item,
     MetaReply,
-    MetaResult,
     MetaStatus,
     ReplyKind,
     ReplyParser,
@@ -63,6 +62,7 @@ from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .events import NodeHealth
 from .failures import connect_error, refusal_error
+from .meta import only_reply
 from .metrics import ClientMetrics, Latencies, MetricsSnapshot, new_calls
 from .security import ENDED_UNANSWERED, check_auth_reply, tls_error, tls_session_error
 from .thread_connections import ThreadConnections
@@ -926,13 +926,7 @@ class BlockingClient(CommandSet):
         flags that draw exactly one reply) sent to ``node``, as a plain call: the disk
         tier's flat paths, which build their few commands at once. An error reply is
         raised (``ERROR``: :class:`MetaUnsupportedError`)."""
-        replies: list[MetaResult] = self.request(node, data + b"mn\r\n", _META)
-        if len(replies) != 1:
-            raise ProtocolError(f"one meta command drew {len(replies)} replies before MN")
-        reply = replies[0]
-        if isinstance(reply, CommandError):
-            raise reply
-        return reply
+        return only_reply(self.request(node, data + b"mn\r\n", _META))
 
     def count_at(self, node: int, key: bytes, delta: int) -> tuple[int, int | None] | None:
         """:meth:`~MetaCommands.meta_arithmetic` of a valid ``key`` on ``node``, as a plain

@@ -283,7 +283,7 @@ class MetaCommands:
     async def _meta_one(self, key: bytes, data: bytes) -> MetaReply:
         """The one reply to a single meta command; an error reply is raised."""
         replies = await self._request(self.cluster.node_index(key), data + _NOOP, _META)
-        return _only_reply(replies)
+        return only_reply(replies)
 
     async def _meta_pipelines(
         self, requests: Requests, expected: Expected | None = None
@@ -302,7 +302,7 @@ class MetaCommands:
         return list(self.cluster.live_nodes()) if nodes is None else sorted(set(nodes))
 
 
-def _only_reply(replies: list[MetaResult]) -> MetaReply:
+def only_reply(replies: list[MetaResult]) -> MetaReply:
     if len(replies) != 1:
         raise ProtocolError(f"one meta command drew {len(replies)} replies before MN")
     return _checked(replies[0])
@@ -314,4 +314,4 @@ def _checked(reply: MetaResult) -> MetaReply:
     return reply
 
 
-__all__ = ["MetaCommands", "MetaCount"]
+__all__ = ["MetaCommands", "MetaCount", "only_reply"]
