@@ -33,7 +33,7 @@ from .. import signals
 from ..bridge import run_blocking
 from ..client import Client
 from ..client.address import parse_locations
-from ..client.blocking import BlockingClient
+from ..client.blocking import ADD_SEEING_MAX, BlockingClient
 from ..client.commands import CommandSet
 from ..client.events import NodeEvent
 from ..client.metrics import MetricsSnapshot
@@ -648,13 +648,21 @@ class FastCache(BaseCache):
         wire = self.wire_key(key, version)
         data, flags = self._encode(value, wire)
         exptime = self.get_backend_timeout(timeout)
-        if stack.blocking.store_now(b"add", wire, data, flags, exptime, True):
-            return True
-        # Refused: unless what holds the key is a lease's stub, which the add replaces. The
-        # common refusal, a value, told by a plain get on the flat path.
+        blocking = stack.blocking
         if not makes_stubs(self._options):
-            return False
-        held = stack.blocking.value_now(wire, True)
+            return blocking.store_now(b"add", wire, data, flags, exptime, True)
+        # A refusal stands unless what holds the key is a lease's stub, which the add
+        # replaces. The common refusal, a value, is told by a plain get: sent with the add
+        # for a short value (one round trip), after it for a long one (a stored add would
+        # read it back).
+        if len(data) <= ADD_SEEING_MAX:
+            stored, held = blocking.add_seeing(wire, data, flags, exptime)
+            if stored:
+                return True
+        elif blocking.store_now(b"add", wire, data, flags, exptime, True):
+            return True
+        else:
+            held = blocking.value_now(wire, True)
         if held is None or not is_stub(held[0], held[1]):
             return False
         ttl = self._ttl(timeout)

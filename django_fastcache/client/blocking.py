@@ -55,7 +55,7 @@ from ..protocol import (
     touch_command,
 )
 from ..protocol.keys import MAX_KEY_LENGTH, validate_key
-from ..protocol.parser import whole_one_value, whole_status
+from ..protocol.parser import MISS, whole_one_value, whole_status
 from . import forksafe
 from .address import Address
 from .cluster import ClientSettings, Cluster
@@ -89,6 +89,10 @@ _UINT64_MAX: Final = 2**64 - 1
 # A connection whose previous request began less than this many seconds ago is used without
 # the zero-timeout poll for bytes nobody asked for (see BlockingConnection.out_of_step).
 POLL_AFTER_IDLE: Final = 0.002
+
+#: The longest value :meth:`BlockingClient.add_seeing` is meant for: a stored add reads its
+#: value back, which costs less than the round trip it saves for values this short.
+ADD_SEEING_MAX: Final = 4096
 
 # SO_LINGER on, for 0 seconds: close() resets the connection.
 _ABORT_LINGER: Final = struct.pack("ii", 1, 0)
@@ -352,6 +356,60 @@ class BlockingConnection:
         if self._kernel_timeout != self.timeout:
             self._restore_kernel_timeout()
         return reply
+
+    def receive_status_and_value(
+        self, key: bytes, deadline: float, own: bytes, own_size: int
+    ) -> tuple[Status | CommandError, tuple[bytes, int] | tuple[()] | CommandError]:
+        """The replies to a storage command and a ``get <key>`` sent together, in order
+        (error replies included): both are always read, so the stream stays in step. When
+        the first read brings both whole, as it does for short values, they are read in
+        one step (:func:`whole_one_value` after the status line). ``own`` is the header
+        line (``VALUE <key> <flags> <bytes>``) and ``own_size`` the length of the value
+        the command stored: a stored value read back as such is checked for its framing
+        only, and its value is not kept (:data:`MISS` in its place)."""
+        if self._kernel_timeout != self.timeout and not self._limit_kernel_timeout(deadline):
+            raise self._timed_out()
+        parser = self._parser
+        if parser.idle:
+            received = self._received()
+            status: Status | None = None
+            if received.startswith(b"NOT_STORED\r\n"):
+                status, rest = Status.NOT_STORED, received[12:]
+            elif received.startswith(b"STORED\r\n"):
+                # Its own value back, whole: the header as sent, the value's length, END.
+                if (
+                    len(received) == 15 + len(own) + own_size
+                    and received.startswith(own, 8)
+                    and received.endswith(b"\r\nEND\r\n")
+                ):
+                    if self._kernel_timeout != self.timeout:
+                        self._restore_kernel_timeout()
+                    return Status.STORED, MISS
+                status, rest = Status.STORED, received[8:]
+            if status is not None:
+                found = whole_one_value(rest, key, parser.max_value_size)
+                if found is not None:
+                    if self._kernel_timeout != self.timeout:
+                        self._restore_kernel_timeout()
+                    return status, found
+            parser.feed(received)
+        else:
+            self._read()
+        stored = parser.next_reply(_STORAGE)
+        while stored is None:
+            if not self._limit_kernel_timeout(deadline):
+                raise self._timed_out()
+            self._read()
+            stored = parser.next_reply(_STORAGE)
+        value = parser.next_value(key)
+        while value is None:
+            if not self._limit_kernel_timeout(deadline):
+                raise self._timed_out()
+            self._read()
+            value = parser.next_value(key)
+        if self._kernel_timeout != self.timeout:
+            self._restore_kernel_timeout()
+        return cast("Status | CommandError", stored), value
 
     def _read(self, flags: int = 0) -> None:
         """One read into the parser, waiting as long as the kernel timeout says."""
@@ -896,6 +954,40 @@ class BlockingClient(CommandSet):
         else:
             data = storage_command(verb, key, value, flags=flags, exptime=exptime)
         return self.request(self.cluster.node_index(key), data, _STORAGE) is Status.STORED
+
+    def add_seeing(
+        self, key: bytes, value: bytes, flags: int, exptime: int
+    ) -> tuple[bool, tuple[bytes, int] | None]:
+        """:meth:`store_now` of ``add`` and, in the same request, ``get`` of the key: whether
+        the add took and, when it was refused, what held the key then (``(value, flags)``,
+        or None when nothing did any more: it expired or went meanwhile). Every argument is
+        valid, as the backend's are.
+
+        For the backend's ``add`` where get_or_set's leases leave stubs, which a refused add
+        must tell from values: one round trip where an add and then a get take two. A stored
+        add reads its own value back, so the backend sends this only for short values
+        (:data:`ADD_SEEING_MAX`). The get is counted as part of the add's call."""
+        node = self.cluster.node_index(key)
+        size = len(value)
+        data = b"add %s %d %d %d\r\n%s\r\nget %s\r\n" % (key, flags, exptime, size, value, key)
+        own = b"VALUE %s %d %d\r\n" % (key, flags, size)
+        deadline = _monotonic() + self._timeout
+        connection = self._ready(node, _STORAGE, deadline)
+        try:
+            connection.send(data, deadline)
+            status, held = connection.receive_status_and_value(key, deadline, own, size)
+        except BaseException as exc:
+            self._broken(node, _STORAGE, exc)
+            raise
+        if self.timed or connection.report_reply:
+            self._replied(node, connection, _STORAGE, deadline)
+        if isinstance(status, CommandError):
+            raise self._error_reply(node, _STORAGE, status)
+        if status is Status.STORED:
+            return True, None
+        if isinstance(held, CommandError):
+            raise self._error_reply(node, _RETRIEVAL, held)
+        return False, held if held else None
 
     def delete_now(self, key: bytes, checked: bool = False) -> bool:
         """:meth:`~CommandSet.delete`, as a plain call (``checked``: the key is valid)."""

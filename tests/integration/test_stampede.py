@@ -16,6 +16,7 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
+from django_fastcache.client.blocking import ADD_SEEING_MAX, BlockingClient
 from django_fastcache.protocol import MetaUnsupportedError
 from django_fastcache.testing.fake_server import FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer, free_port
@@ -235,17 +236,19 @@ def test_a_set_while_the_winner_computes_wins(
     assert cache.get("k") == "newer"
 
 
+# A short value's add brings its get along; a long one's is followed by it (the sync API).
+@pytest.mark.parametrize("added", ["added", "a" * (ADD_SEEING_MAX + 1)], ids=["short", "long"])
 def test_an_add_while_the_winner_computes_replaces_the_stub(
-    memcached: MemcachedServer, tier_options: dict[str, Any]
+    memcached: MemcachedServer, tier_options: dict[str, Any], added: str
 ) -> None:
     cache = make(memcached.location, tier_options)
     thread, release, _computing, results = run_blocked_winner(cache, "k", "old")
-    assert cache.add("k", "added")
+    assert cache.add("k", added)
     assert not cache.add("k", "again")  # a real value now
     release.set()
     thread.join(WAIT)
     assert results == ["old"]
-    assert cache.get("k") == "added"
+    assert cache.get("k") == added
 
 
 def test_waiters_get_the_winners_value(
@@ -679,6 +682,30 @@ def test_a_refused_add_looks_for_a_stub_with_a_plain_get() -> None:
         assert cache.add("k", b"w") is False
         assert arun(cache, lambda: cache.aadd("k", b"w")) is False
         assert verbs(fake)[before:] == [b"add", b"get", b"add", b"get"]
+        assert cache.get("k") == b"v"
+
+
+def test_a_short_values_add_sends_its_get_along_and_a_long_ones_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent_along: list[bytes] = []
+    add_seeing = BlockingClient.add_seeing
+
+    def spy(client: BlockingClient, key: bytes, *rest: Any) -> Any:
+        sent_along.append(key)
+        return add_seeing(client, key, *rest)
+
+    monkeypatch.setattr(BlockingClient, "add_seeing", spy)
+    with new_fake() as fake:
+        cache = make(fake.location, FAKE_OPTIONS)
+        cache.set("k", b"v")
+        before = len(fake.requests)
+        assert cache.add("k", b"w") is False
+        assert cache.add("k", b"w" * (ADD_SEEING_MAX + 1)) is False
+        assert cache.add("new", b"w" * (ADD_SEEING_MAX + 1)) is True
+        # Both refusals looked for a stub with a get; the stored long add did not.
+        assert verbs(fake)[before:] == [b"add", b"get", b"add", b"get", b"add"]
+        assert len(sent_along) == 1
         assert cache.get("k") == b"v"
 
 
