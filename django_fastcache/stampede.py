@@ -357,9 +357,10 @@ async def add_over_stub(
 ) -> bool:
     """After memcached refused an ``add``: store anyway when what holds the key is a lease's
     stub (a missing value being computed), with the stub's CAS, so the add wins over the
-    lease as a set would. False when the key holds a value. (Without the disk tier: the
-    tier's own add replaces a stub, only when the disk has no value for the key either.)
-    ``stub_seen``: the caller's own plain get found the stub already."""
+    lease as a set would. False when the key holds a value. Without the disk tier only:
+    the tier's own add replaces a stub, and only when the disk has no value for the key
+    either (:meth:`TieredStore.add`). ``stub_seen``: the caller's own plain get found the
+    stub already."""
     # A plain get first, which every node answers: the common refusal (a value holds the
     # key) costs one round trip, and no node is asked about meta for it.
     if not stub_seen and (not makes_stubs(cache._options) or not await is_stub_now(client, wire)):
@@ -369,15 +370,7 @@ async def add_over_stub(
     # get_or_set must not decide what its add does, so the node is asked if need be.
     if not await meta_support(cache._options.protocol, client.cluster).speaks(client, node):
         return False
-    tier = cache._shared().tiered
-    if tier is not None and tier.states.is_out(node):
-        return False  # the disk tier refused it: no stub there
-    try:
-        reply = await client.meta_get(wire, cas=True, no_bump=True)
-    except (NetworkError, ProtocolError):
-        if tier is None:
-            raise
-        return False  # refused by the tier, which marks the node out on its next request
+    reply = await client.meta_get(wire, cas=True, no_bump=True)
     if reply is None:
         return False
     if not is_stub(reply.value or b"", reply.client_flags or 0):
@@ -385,9 +378,6 @@ async def add_over_stub(
             # Reading a stale value took its win: mark it stale again for get_or_set.
             await release(client, wire, reply, False)
         return False
-    if tier is not None:
-        # A write by the tier's rules, as the lease winner's store is.
-        return await tier.store_leased(client, wire, data, flags, ttl, reply.cas)
     exptime = memcached_exptime(ttl, time.time())
     stored = await client.meta_set(wire, data, flags=flags, exptime=exptime, cas=reply.cas)
     return stored.status is MetaStatus.HD
