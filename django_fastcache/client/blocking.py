@@ -55,7 +55,7 @@ from ..protocol import (
     touch_command,
 )
 from ..protocol.keys import MAX_KEY_LENGTH, validate_key
-from ..protocol.parser import MISS, whole_one_value, whole_status
+from ..protocol.parser import MISS, whole_meta_reply, whole_one_value, whole_status
 from . import forksafe
 from .address import Address
 from .cluster import ClientSettings, Cluster
@@ -311,12 +311,21 @@ class BlockingConnection:
         parser = self._parser
         if parser.idle:
             received = self._received()
-            # A one-line reply the first read brought whole: read in one step.
-            found = whole_status(received, kind)
-            if found is not None:
-                if self._kernel_timeout != self.timeout:
-                    self._restore_kernel_timeout()
-                return found
+            if kind is _META:
+                # One meta command's reply and its MN, brought whole: read in one step.
+                if keys is None:
+                    meta = whole_meta_reply(received, parser.max_value_size, parser.max_line_length)
+                    if meta is not None:
+                        if self._kernel_timeout != self.timeout:
+                            self._restore_kernel_timeout()
+                        return [meta]
+            else:
+                # A one-line reply the first read brought whole: read in one step.
+                found = whole_status(received, kind)
+                if found is not None:
+                    if self._kernel_timeout != self.timeout:
+                        self._restore_kernel_timeout()
+                    return found
             parser.feed(received)
         else:
             self._read()

@@ -36,7 +36,7 @@ from django_fastcache.protocol.meta import (
     read_meta_replies,
     read_meta_reply,
 )
-from django_fastcache.protocol.parser import Item, ReplyKind, ReplyParser, Status
+from django_fastcache.protocol.parser import Item, ReplyKind, ReplyParser, Status, whole_meta_reply
 
 META = ReplyKind.META
 S = MetaStatus
@@ -707,3 +707,143 @@ def test_arbitrary_bytes_give_a_reply_none_or_a_protocol_error(garbage: bytes) -
             pass
     except ProtocolError:
         pass
+
+
+# -- one meta reply read in one step (the sync client's flat path) ----------------------------
+
+
+def general_reading(wire: bytes, max_value_size: int, max_line_length: int) -> Any:
+    """What the general parser makes of ``wire`` as one request's replies: its one reply
+    when that is exactly what ``wire`` holds, else a word for what it found."""
+    parser = ReplyParser(max_value_size=max_value_size, max_line_length=max_line_length)
+    parser.feed(wire)
+    try:
+        replies = parser.next_reply(META)
+    except ProtocolError:
+        return "refused"
+    if replies is None:
+        return "incomplete"
+    if parser.unread or not isinstance(replies, list) or len(replies) != 1:
+        return "not one reply"
+    return comparable(replies[0])
+
+
+def assert_one_step_agrees(
+    wire: bytes, max_value_size: int = 1024, max_line_length: int = 200
+) -> Any:
+    """The one-step reading of ``wire``, after checking that it is None or what the
+    general parser reads."""
+    fast = whole_meta_reply(wire, max_value_size, max_line_length)
+    if fast is not None:
+        assert general_reading(wire, max_value_size, max_line_length) == fast, wire
+    return fast
+
+
+#: The replies of the flat path's commands, each read in one step.
+FLAT_SHAPES: list[tuple[bytes, MetaReply]] = [
+    (b"VA 1 c7 t-1\r\n5\r\nMN\r\n", MetaReply(S.VA, b"5", cas=7, ttl=-1)),  # ma … v c t
+    (b"VA 2 c7 t300\r\n12\r\nMN\r\n", MetaReply(S.VA, b"12", cas=7, ttl=300)),
+    (b"NF\r\nMN\r\n", MetaReply(S.NF)),  # ma of a missing key
+    (b"VA 3 c9 f17\r\nabc\r\nMN\r\n", MetaReply(S.VA, b"abc", cas=9, client_flags=17)),
+    (b"VA 0 c3 f0 W\r\n\r\nMN\r\n", MetaReply(S.VA, b"", cas=3, client_flags=0, win=True)),
+    (
+        b"VA 1 c3 f2 X W\r\nv\r\nMN\r\n",
+        MetaReply(S.VA, b"v", cas=3, client_flags=2, stale=True, win=True),
+    ),
+    (
+        b"VA 0 c3 f0 Z\r\n\r\nMN\r\n",
+        MetaReply(S.VA, b"", cas=3, client_flags=0, won_elsewhere=True),
+    ),
+    (b"EN\r\nMN\r\n", MetaReply(S.EN)),
+    (b"HD c4\r\nMN\r\n", MetaReply(S.HD, cas=4)),
+    (b"VA 6 c1 f0\r\n\r\nMN\r\n\r\nMN\r\n", MetaReply(S.VA, b"\r\nMN\r\n", cas=1, client_flags=0)),
+    (
+        b"VA 20 c18446744073709551615 f4294967295\r\n18446744073709551615\r\nMN\r\n",
+        MetaReply(S.VA, b"18446744073709551615", cas=2**64 - 1, client_flags=2**32 - 1),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FLAT_SHAPES, ids=[repr(c[0][:30]) for c in FLAT_SHAPES])
+def test_the_flat_paths_replies_are_read_in_one_step(case: tuple[bytes, MetaReply]) -> None:
+    wire, expected = case
+    assert assert_one_step_agrees(wire) == expected
+
+
+@pytest.mark.parametrize("case", VALID, ids=valid_id)
+def test_one_step_reading_agrees_with_the_general_parser(case: tuple[bytes, list[Any]]) -> None:
+    wire, _ = case
+    for end in range(len(wire) + 1):
+        assert_one_step_agrees(wire[:end])
+        assert_one_step_agrees(wire[:end] + b"MN\r\n")
+
+
+@pytest.mark.parametrize("case", BROKEN, ids=[repr(case[0][:30]) for case in BROKEN])
+def test_one_step_reading_leaves_what_breaks_the_stream_to_the_general_parser(
+    case: tuple[bytes, type[ProtocolError], str],
+) -> None:
+    wire, _error, _shown = case
+    assert whole_meta_reply(wire + b"MN\r\n", 1024, 8192) is None
+    assert whole_meta_reply(wire, 1024, 8192) is None
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"VA 1 c1 t-1\r\n5\r\nMN\r\nMN\r\n",  # two batches
+        b"VA 1 c1 t-1\r\n5\r\nEN\r\nMN\r\n",  # two replies
+        b"VA 1 c1 t-1\r\n5\r\nMN\r\nHD",  # the start of another
+        b"VA 1 c1 t-1\r\n5\r\n",  # no MN yet
+        b"VA 1 c1 t-1\r\n5X\nMN\r\n",  # the value's end is not CRLF
+        b"VA 1 c1 t-1\r\n5\rXMN\r\n",
+        b"VA 1 c1 t-1 c2\r\n5\r\nMN\r\n",  # read by the general parser: the last c counts
+        b"HD kfoo c1\r\nMN\r\n",  # a flag the one step does not read
+        b"VA 1 t-0\r\n5\r\nMN\r\n",
+        b"VA 1 t-12\r\n5\r\nMN\r\n",
+        b"VA 01 c1\r\n5\r\nMN\r\n",
+        b"VA 1 c007\r\n5\r\nMN\r\n",
+    ],
+)
+def test_one_step_reading_of_what_is_not_one_whole_plain_reply(wire: bytes) -> None:
+    assert_one_step_agrees(wire)
+
+
+def test_one_step_reading_keeps_the_limits() -> None:
+    wire = b"VA 5 c1 f0\r\nhello\r\nMN\r\n"
+    assert whole_meta_reply(wire, 5, 100) is not None
+    assert whole_meta_reply(wire, 4, 100) is None  # over max_value_size
+    assert whole_meta_reply(wire, 5, len(b"VA 5 c1 f0")) is not None
+    assert whole_meta_reply(wire, 5, len(b"VA 5 c1 f0") - 1) is None  # over max_line_length
+    assert general_reading(wire, 4, 100) == "refused"
+
+
+@settings(deadline=None)
+@given(reply=meta_replies())
+def test_one_step_reading_of_replies_as_memcached_writes_them(
+    reply: tuple[bytes, MetaReply],
+) -> None:
+    wire, expected = reply
+    fast = assert_one_step_agrees(wire + b"MN\r\n", 1024, 8192)
+    plain = expected.key is None and expected.opaque is None
+    assert fast == (expected if plain else None)
+
+
+@settings(deadline=None)
+@given(
+    reply=meta_replies(),
+    at=st.integers(min_value=0),
+    byte=st.sampled_from(b" \r\n-0123456789cftWXZkVAHDEN\x00\xff"),
+    how=st.sampled_from(["replace", "insert", "delete"]),
+)
+def test_one_step_reading_of_a_damaged_reply_agrees_with_the_general_parser(
+    reply: tuple[bytes, MetaReply], at: int, byte: int, how: str
+) -> None:
+    wire = bytearray(reply[0] + b"MN\r\n")
+    at %= len(wire)
+    if how == "replace":
+        wire[at] = byte
+    elif how == "insert":
+        wire.insert(at, byte)
+    else:
+        del wire[at]
+    assert_one_step_agrees(bytes(wire), 1024, 8192)
