@@ -61,7 +61,7 @@ from .address import Address
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .events import NodeHealth
-from .failures import connect_error, refusal_error
+from .failures import REFUSAL_LINE, connect_error, refusal_error, refused
 from .meta import only_reply
 from .metrics import ClientMetrics, Latencies, MetricsSnapshot, new_calls
 from .security import ENDED_UNANSWERED, check_auth_reply, tls_error, tls_session_error
@@ -326,7 +326,7 @@ class BlockingConnection:
                     if self._kernel_timeout != self.timeout:
                         self._restore_kernel_timeout()
                     return found
-            parser.feed(received)
+            self._feed_start(received)
         else:
             self._read()
         reply = parser.next_reply(kind, keys)
@@ -355,7 +355,9 @@ class BlockingConnection:
                 if self._kernel_timeout != self.timeout:
                     self._restore_kernel_timeout()
                 return found
-        parser.feed(received)
+            self._feed_start(received)
+        else:
+            parser.feed(received)
         reply = parser.next_value(key)
         while reply is None:
             if not self._limit_kernel_timeout(deadline):
@@ -401,7 +403,7 @@ class BlockingConnection:
                     if self._kernel_timeout != self.timeout:
                         self._restore_kernel_timeout()
                     return status, found
-            parser.feed(received)
+            self._feed_start(received)
         else:
             self._read()
         stored = parser.next_reply(_STORAGE)
@@ -420,10 +422,22 @@ class BlockingConnection:
             self._restore_kernel_timeout()
         return cast("Status | CommandError", stored), value
 
+    def _feed_start(self, received: bytes) -> None:
+        """Feed the first bytes of a reply to the parser. memcached's connection-limit line
+        (it sends it on a new connection, then closes it) is the node's refusal, whatever
+        was asked: a meta command's reader would take its ``ERROR`` for a server that does
+        not speak meta, and a reply of two would wait for the second until the close."""
+        if received.startswith(REFUSAL_LINE):
+            raise refused(self.address)
+        self._parser.feed(received)
+
     def _read(self, flags: int = 0) -> None:
         """One read into the parser, waiting as long as the kernel timeout says."""
         if not flags:
-            self._parser.feed(self._received())
+            if self._parser.idle:
+                self._feed_start(self._received())
+            else:
+                self._parser.feed(self._received())
             return
         # Two statements: compiled by mypyc, ``self._view[: self._recv(flags)]`` fed an
         # empty slice (the suite catches it in the compiled run).
@@ -995,7 +1009,7 @@ class BlockingClient(CommandSet):
         if status is Status.STORED:
             return True, None
         if isinstance(held, CommandError):
-            raise self._error_reply(node, _RETRIEVAL, held)
+            raise self._error_reply(node, _STORAGE, held)  # (the get is part of the add's call)
         return False, held if held else None
 
     def delete_now(self, key: bytes, checked: bool = False) -> bool:

@@ -102,6 +102,11 @@ class Connection(asyncio.Protocol):
             else:
                 self.abort(ProtocolError(f"unsolicited data from the server: {data[:60]!r}"))
             return
+        if parser.idle and data.startswith(REFUSAL_LINE):
+            # The same, with requests already sent: a meta command's reader would take the
+            # ERROR for a server that does not speak meta.
+            self.abort(refused(self.address))
+            return
         parser.feed(data)
         while pending:
             future, kind, keys = pending[0]

@@ -275,9 +275,11 @@ def whole_meta_reply(
             byte = received[pos]
             if byte < 48 or byte > 57:
                 break
+            if pos == 23:
+                return None  # over 20 digits (the digits are not summed on without bound)
             length = length * 10 + byte - 48
             pos += 1
-        if pos == 3 or pos > 23 or length > max_value_size or received[2] != 32:
+        if pos == 3 or length > max_value_size or received[2] != 32:
             return None
     cas: int | None = None
     client_flags: int | None = None
@@ -312,11 +314,11 @@ def whole_meta_reply(
                 byte = received[pos]
                 if byte == 32:
                     break
-                if byte < 48 or byte > 57:
-                    return None
+                if byte < 48 or byte > 57 or pos - start == 20:
+                    return None  # not a digit, or over 20 digits
                 number = number * 10 + byte - 48
                 pos += 1
-            if pos == start or pos - start > 20 or number > _UINT64_MAX:
+            if pos == start or number > _UINT64_MAX:
                 return None
         if flag == 99:
             cas = number

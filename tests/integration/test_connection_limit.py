@@ -21,6 +21,7 @@ from django_fastcache.client import Client
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.errors import NetworkError, ServerRefusedConnectionError
+from django_fastcache.stampede import meta_support
 from django_fastcache.testing.servers import MemcachedServer
 from tests.conftest import forget_stacks
 
@@ -120,3 +121,49 @@ def test_with_the_tier_on_no_error_reaches_the_caller(
         assert cache.tier_stats()["nodes"][full_server.location]["state"] == "out"
     finally:
         forget_stacks(directory)
+
+
+def test_meta_commands_get_the_refusal_too(full_server: MemcachedServer) -> None:
+    """A refused connection is not a server that does not speak meta."""
+    client = BlockingClient(Cluster([full_server.location], ClientSettings(timeout=TIMEOUT)))
+    try:
+        with pytest.raises(ServerRefusedConnectionError):
+            client.meta_at(0, b"mg k v c f N30\r\n")
+        with pytest.raises(ServerRefusedConnectionError):
+            client.count_at(0, b"k", 1)
+        with pytest.raises(ServerRefusedConnectionError):
+            run_blocking(client.meta_get(b"k"))
+        with pytest.raises(ServerRefusedConnectionError):
+            client.add_seeing(b"k", b"v", 0, 0)
+    finally:
+        client.close_thread_connections()
+
+    async def scenario() -> list[BaseException]:
+        async_client = Client([full_server.location], timeout=TIMEOUT)
+        errors: list[BaseException] = []
+        try:
+            for call in (async_client.meta_get(b"k"), async_client.speaks_meta()):
+                try:
+                    await call
+                except BaseException as exc:
+                    errors.append(exc)
+        finally:
+            await async_client.aclose()
+        return errors
+
+    errors = asyncio.run(scenario())
+    assert [type(error) for error in errors] == [ServerRefusedConnectionError] * 2, errors
+
+
+def test_a_refused_connection_leaves_get_or_sets_leases_on(full_server: MemcachedServer) -> None:
+    cache = FastCache(
+        [full_server.location],
+        {"OPTIONS": {"disk_tier": False, "operation_timeout": TIMEOUT, "sign_values": False}},
+    )
+    with pytest.raises(ServerRefusedConnectionError):
+        cache.add("k", 1)
+    with pytest.raises(NetworkError):
+        cache.get_or_set("k", 1)
+    # Not taken for a node without meta: the question is asked again once it answers.
+    support = meta_support("auto", cache.blocking_client.cluster)
+    assert support._answers == [None]

@@ -801,6 +801,9 @@ def test_one_step_reading_leaves_what_breaks_the_stream_to_the_general_parser(
         b"VA 1 t-0\r\n5\r\nMN\r\n",
         b"VA 1 t-12\r\n5\r\nMN\r\n",
         b"VA 01 c1\r\n5\r\nMN\r\n",
+        b"VA 000000000000000000001 c1\r\n5\r\nMN\r\n",  # 21 digits: refused
+        b"VA 1 c000000000000000000001\r\n5\r\nMN\r\n",
+        b"VA 1 c00000000000000000001\r\n5\r\nMN\r\n",  # 20: read
         b"VA 1 c007\r\n5\r\nMN\r\n",
     ],
 )
