@@ -33,8 +33,8 @@ from .. import signals
 from ..bridge import run_blocking
 from ..client import Client
 from ..client.address import parse_locations
-from ..client.blocking import ADD_SEEING_MAX, BlockingClient
-from ..client.commands import CommandSet
+from ..client.blocking import BlockingClient
+from ..client.commands import ADD_SEEING_MAX, CommandSet
 from ..client.events import NodeEvent
 from ..client.metrics import MetricsSnapshot
 from ..disk import DiskStore, Journal, NodeStates
@@ -478,6 +478,16 @@ class FastCache(BaseCache):
         data, flags = self._encode(value, wire)
         ttl = self._ttl(timeout)
         stack = self._shared()
+        if stack.tiered is None and len(data) <= ADD_SEEING_MAX and makes_stubs(self._options):
+            # A refusal stands unless what holds the key is a lease's stub, which the add
+            # replaces: the get that tells them apart goes with the add (one round trip).
+            exptime = memcached_exptime(ttl, time.time())
+            stored, held = await client.add_seeing(wire, data, flags=flags, exptime=exptime)
+            if stored:
+                return True
+            if held is None or not is_stub(held.value, held.flags):
+                return False
+            return await add_over_stub(self, client, wire, data, flags, ttl, stub_seen=True)
         if await stack.store.add(client, wire, data, flags, ttl):
             return True
         if stack.tiered is not None:
@@ -656,7 +666,7 @@ class FastCache(BaseCache):
         # for a short value (one round trip), after it for a long one (a stored add would
         # read it back).
         if len(data) <= ADD_SEEING_MAX:
-            stored, held = blocking.add_seeing(wire, data, flags, exptime)
+            stored, held = blocking.add_seeing_now(wire, data, flags, exptime)
             if stored:
                 return True
         elif blocking.store_now(b"add", wire, data, flags, exptime, True):

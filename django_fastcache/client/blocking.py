@@ -90,10 +90,6 @@ _UINT64_MAX: Final = 2**64 - 1
 # the zero-timeout poll for bytes nobody asked for (see BlockingConnection.out_of_step).
 POLL_AFTER_IDLE: Final = 0.002
 
-#: The longest value :meth:`BlockingClient.add_seeing` is meant for: a stored add reads its
-#: value back, which costs less than the round trip it saves for values this short.
-ADD_SEEING_MAX: Final = 4096
-
 # SO_LINGER on, for 0 seconds: close() resets the connection.
 _ABORT_LINGER: Final = struct.pack("ii", 1, 0)
 
@@ -978,7 +974,7 @@ class BlockingClient(CommandSet):
             data = storage_command(verb, key, value, flags=flags, exptime=exptime)
         return self.request(self.cluster.node_index(key), data, _STORAGE) is Status.STORED
 
-    def add_seeing(
+    def add_seeing_now(
         self, key: bytes, value: bytes, flags: int, exptime: int
     ) -> tuple[bool, tuple[bytes, int] | None]:
         """:meth:`store_now` of ``add`` and, in the same request, ``get`` of the key: whether
@@ -989,7 +985,7 @@ class BlockingClient(CommandSet):
         For the backend's ``add`` where get_or_set's leases leave stubs, which a refused add
         must tell from values: one round trip where an add and then a get take two. A stored
         add reads its own value back, so the backend sends this only for short values
-        (:data:`ADD_SEEING_MAX`). The get is counted as part of the add's call."""
+        (:data:`~.commands.ADD_SEEING_MAX`). The get is counted as part of the add's call."""
         node = self.cluster.node_index(key)
         size = len(value)
         data = b"add %s %d %d %d\r\n%s\r\nget %s\r\n" % (key, flags, exptime, size, value, key)

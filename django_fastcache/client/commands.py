@@ -38,6 +38,10 @@ from .meta import MetaCommands
 
 #: Keys per ``get`` line when a node is asked for many keys (the lines are pipelined).
 MULTI_GET_CHUNK = 100
+#: The longest value :meth:`CommandSet.add_seeing` (and the blocking client's
+#: ``add_seeing_now``) is meant for: a stored add reads its value back, which costs less than
+#: the round trip it saves for values this short.
+ADD_SEEING_MAX = 4096
 
 #: Work to do while a request is on the wire (see :meth:`CommandSet.set`).
 Meanwhile = Callable[[], object] | None
@@ -212,6 +216,30 @@ class CommandSet(MetaCommands):
     ) -> bool:
         """Store only if ``key`` is absent; False when it exists."""
         return await self._store(b"add", key, value, flags, exptime, noreply)
+
+    async def add_seeing(
+        self, key: bytes, value: bytes, *, flags: int = 0, exptime: int = 0
+    ) -> tuple[bool, Item | None]:
+        """:meth:`add` and, in the same write, ``get`` of the key: whether the add took and,
+        when it was refused, the item that held the key then (None when nothing did any
+        more: it expired or went meanwhile). One round trip where an add and then a get
+        take two, for the backend's ``add`` where get_or_set's leases leave stubs, which a
+        refused add must tell from values. A stored add reads its value back: meant for
+        values up to :data:`ADD_SEEING_MAX` bytes."""
+        keys = (key,)
+        data = storage_command(b"add", key, value, flags=flags, exptime=exptime)
+        data += get_command(keys)
+        node = self.cluster.node_index(key)
+        requests: Requests = {node: (data, [ReplyKind.STORAGE, ReplyKind.RETRIEVAL])}
+        replies = _raise_first_error(await self._pipelines(requests, {node: [None, keys]}))
+        status, items = replies[node]
+        if isinstance(status, CommandError):
+            raise status
+        if status is Status.STORED:
+            return True, None
+        if isinstance(items, CommandError):
+            raise items
+        return False, items[0] if items else None
 
     async def replace(
         self, key: bytes, value: bytes, *, flags: int = 0, exptime: int = 0, noreply: bool = False

@@ -134,7 +134,7 @@ def test_meta_commands_get_the_refusal_too(full_server: MemcachedServer) -> None
         with pytest.raises(ServerRefusedConnectionError):
             run_blocking(client.meta_get(b"k"))
         with pytest.raises(ServerRefusedConnectionError):
-            client.add_seeing(b"k", b"v", 0, 0)
+            client.add_seeing_now(b"k", b"v", 0, 0)
     finally:
         client.close_thread_connections()
 

@@ -16,7 +16,8 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
-from django_fastcache.client.blocking import ADD_SEEING_MAX, BlockingClient
+from django_fastcache.client.commands import ADD_SEEING_MAX
+from django_fastcache.client.metrics import MetricsSnapshot
 from django_fastcache.protocol import MetaUnsupportedError
 from django_fastcache.testing.fake_server import FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer, free_port
@@ -685,28 +686,39 @@ def test_a_refused_add_looks_for_a_stub_with_a_plain_get() -> None:
         assert cache.get("k") == b"v"
 
 
-def test_a_short_values_add_sends_its_get_along_and_a_long_ones_after_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    sent_along: list[bytes] = []
-    add_seeing = BlockingClient.add_seeing
+def separate_gets(metrics: MetricsSnapshot, location: str) -> int:
+    """The gets a client sent as requests of their own (one sent with an add is counted as
+    part of the add's)."""
+    return metrics.nodes[location].operations["get"].calls
 
-    def spy(client: BlockingClient, key: bytes, *rest: Any) -> Any:
-        sent_along.append(key)
-        return add_seeing(client, key, *rest)
 
-    monkeypatch.setattr(BlockingClient, "add_seeing", spy)
+def test_a_short_values_add_sends_its_get_along_and_a_long_ones_after_it() -> None:
+    long = b"w" * (ADD_SEEING_MAX + 1)
     with new_fake() as fake:
         cache = make(fake.location, FAKE_OPTIONS)
         cache.set("k", b"v")
         before = len(fake.requests)
+        gets = separate_gets(cache.blocking_client.metrics(), fake.location)
         assert cache.add("k", b"w") is False
-        assert cache.add("k", b"w" * (ADD_SEEING_MAX + 1)) is False
-        assert cache.add("new", b"w" * (ADD_SEEING_MAX + 1)) is True
+        assert separate_gets(cache.blocking_client.metrics(), fake.location) == gets
+        assert cache.add("k", long) is False
+        assert separate_gets(cache.blocking_client.metrics(), fake.location) == gets + 1
+        assert cache.add("new", long) is True
         # Both refusals looked for a stub with a get; the stored long add did not.
         assert verbs(fake)[before:] == [b"add", b"get", b"add", b"get", b"add"]
-        assert len(sent_along) == 1
         assert cache.get("k") == b"v"
+
+        async def adds() -> list[int]:
+            counts = [separate_gets(cache.client.metrics(), fake.location)]
+            for key, value in (("k", b"w"), ("k", long), ("newer", long)):
+                await cache.aadd(key, value)
+                counts.append(separate_gets(cache.client.metrics(), fake.location))
+            return counts
+
+        before = len(fake.requests)
+        first, *after = arun(cache, adds)
+        assert after == [first, first + 1, first + 1]
+        assert verbs(fake)[before:] == [b"add", b"get", b"add", b"get", b"add"]
 
 
 @pytest.mark.parametrize("setting", [{"protocol": "classic"}, {"stampede_protection": False}])
