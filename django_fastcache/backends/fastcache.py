@@ -478,9 +478,11 @@ class FastCache(BaseCache):
         data, flags = self._encode(value, wire)
         ttl = self._ttl(timeout)
         stack = self._shared()
-        if stack.tiered is None and len(data) <= ADD_SEEING_MAX and makes_stubs(self._options):
-            # A refusal stands unless what holds the key is a lease's stub, which the add
-            # replaces: the get that tells them apart goes with the add (one round trip).
+        if stack.flat and len(data) <= ADD_SEEING_MAX and makes_stubs(self._options):
+            # memcached alone, with its plain store (a store of its own, stale_on_delete's,
+            # replaces stale copies itself). A refusal stands unless what holds the key is a
+            # lease's stub, which the add replaces: the get that tells them apart goes with
+            # the add (one round trip).
             exptime = memcached_exptime(ttl, time.time())
             stored, held = await client.add_seeing(wire, data, flags=flags, exptime=exptime)
             if stored:
