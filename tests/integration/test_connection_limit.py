@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,12 +54,16 @@ def full_server() -> Iterator[MemcachedServer]:
         server.kill()
 
 
-def test_the_async_client_gets_a_network_error(full_server: MemcachedServer) -> None:
+def async_errors(
+    location: str, calls: Callable[[Client], list[Awaitable[object]]]
+) -> list[BaseException]:
+    """What the async client's ``calls`` raised, one by one, on a fresh client."""
+
     async def scenario() -> list[BaseException]:
-        client = Client([full_server.location], timeout=TIMEOUT)
+        client = Client([location], timeout=TIMEOUT)
         errors: list[BaseException] = []
         try:
-            for call in (client.get(b"k"), client.set(b"k", b"v"), client.get_many([b"a", b"b"])):
+            for call in calls(client):
                 try:
                     await call
                 except BaseException as exc:
@@ -68,7 +72,14 @@ def test_the_async_client_gets_a_network_error(full_server: MemcachedServer) -> 
             await client.aclose()
         return errors
 
-    errors = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_the_async_client_gets_a_network_error(full_server: MemcachedServer) -> None:
+    errors = async_errors(
+        full_server.location,
+        lambda client: [client.get(b"k"), client.set(b"k", b"v"), client.get_many([b"a", b"b"])],
+    )
     assert len(errors) == 3
     for error in errors:
         assert isinstance(error, ServerRefusedConnectionError), repr(error)
@@ -138,20 +149,9 @@ def test_meta_commands_get_the_refusal_too(full_server: MemcachedServer) -> None
     finally:
         client.close_thread_connections()
 
-    async def scenario() -> list[BaseException]:
-        async_client = Client([full_server.location], timeout=TIMEOUT)
-        errors: list[BaseException] = []
-        try:
-            for call in (async_client.meta_get(b"k"), async_client.speaks_meta()):
-                try:
-                    await call
-                except BaseException as exc:
-                    errors.append(exc)
-        finally:
-            await async_client.aclose()
-        return errors
-
-    errors = asyncio.run(scenario())
+    errors = async_errors(
+        full_server.location, lambda client: [client.meta_get(b"k"), client.speaks_meta()]
+    )
     assert [type(error) for error in errors] == [ServerRefusedConnectionError] * 2, errors
 
 
