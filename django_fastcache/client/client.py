@@ -416,7 +416,7 @@ class Client(CommandSet):
         pools = self._pools()
         if len(requests) == 1:
             # One node (a single-node cluster's every multi-key call): awaited here, without
-            # the task asyncio.gather would make for it (about a fifth of such a call's CPU).
+            # the task asyncio.gather would make for it (a quarter of a one-node aget_many's CPU).
             for node, (data, kinds) in requests.items():
                 keys = None if expected is None else expected[node]
                 try:
