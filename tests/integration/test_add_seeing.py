@@ -112,6 +112,9 @@ def test_an_item_of_another_key_in_the_get_fails_the_call() -> None:
         fake.script(Action.GARBAGE, Action.IGNORE)
         with pytest.raises(ProtocolError, match="not asked for"):
             client.add_seeing_now(b"k", b"new", 0, 0)
+        # The get may be read after the failure came back: the next connection's request
+        # must not take its IGNORE.
+        assert fake.wait_for(lambda: fake.scripted == 0)
         assert client.value_now(b"k") == (b"old", 0)
         assert fake.accepted == 2
 
