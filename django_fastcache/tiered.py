@@ -1132,9 +1132,11 @@ class TieredStore:
         node = self.cluster.node_index(key)
         if self.states.is_out(node):
             return run_blocking(self.touch(self.blocking, key, ttl))
-        # _touch_up's steps: stamped first, then touched and read in one step.
-        prev = self.stamps.current(key)
-        stamp = self.stamps.bump(key)
+        # _touch_up's steps: stamped first, then touched and read in one step. (One call
+        # reads and stamps the slot, found once.)
+        stamps = self.stamps
+        slot = slot_of(key)
+        prev, stamp = stamps.replace_slot(slot)
         bumped = [prev, stamp]
         now = _now()
         first: MetaReply | FastCacheError | None
@@ -1149,7 +1151,15 @@ class TieredStore:
                 first = None  # a miss: the disk may hold the key
             elif not first.stale and not _is_stub(first.value or b"", first.client_flags or 0):
                 assert first.value is not None
-                self._queue(key, stamp, first.value, first.client_flags or 0, ttl, now)
+                # The disk copy with its new expiry (_queue and _behind, inline: the flat
+                # path; the TTL is positive or None here).
+                if stamps.current_slot(slot) == stamp:
+                    expire_at = None if ttl is None else now + ttl
+                    self.behind.put(
+                        key, stamp, first.value, first.client_flags or 0, expire_at, now
+                    )
+                else:
+                    stamps.bump_slot(slot, gone=True)
                 return True
         return run_blocking(self.touch(self.blocking, key, ttl, bumped, first, True))
 
@@ -1393,8 +1403,9 @@ class TieredStore:
         strict = False
         epoch = self.states.epoch(node)
         if not epoch & 1:  # up
-            prev = self.stamps.current(key)
-            stamp = self.stamps.bump(key)
+            stamps = self.stamps
+            slot = slot_of(key)  # (found once: one call reads and stamps the slot)
+            prev, stamp = stamps.replace_slot(slot)
             bumped = [prev, stamp]
             if self.states.epoch(node) == epoch:  # (else: _WentOutBeforeSending)
                 now = _now()
@@ -1415,10 +1426,17 @@ class TieredStore:
                     strict = _may_have_run(exc)
                     failed = True
                 if count is not None:
-                    if self.states.epoch(node) == epoch or self._slot_still(key, bumped):
+                    if self.states.epoch(node) == epoch or stamps.current_slot(slot) == stamp:
                         value, seconds = count
-                        ttl = None if seconds is None or seconds < 0 else float(seconds)
-                        self._queue(key, stamp, b"%d" % value, FLAG_INTEGER, ttl, now)
+                        if seconds == 0:  # expires now: the disk copy is a delete
+                            self._queue(key, stamp, None, FLAG_INTEGER, 0.0, now)
+                        elif stamps.current_slot(slot) == stamp:
+                            # The disk copy (_queue and _behind, inline: the flat path).
+                            expire_at = None if seconds is None or seconds < 0 else now + seconds
+                            data = b"%d" % value
+                            self.behind.put(key, stamp, data, FLAG_INTEGER, expire_at, now)
+                        else:
+                            stamps.bump_slot(slot, gone=True)
                         return value
                     raise _outcome_unknown(key)
                 if not failed:
