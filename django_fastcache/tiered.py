@@ -1148,7 +1148,10 @@ class TieredStore:
             first = exc
         else:
             if first.status is MetaStatus.EN:
-                first = None  # a miss: the disk may hold the key
+                # A miss: the disk may hold the key (or nothing does, as _touch_up finds).
+                if self._on_disk(key, prev) is None:
+                    return False
+                first = None
             elif not first.stale and not _is_stub(first.value or b"", first.client_flags or 0):
                 assert first.value is not None
                 # The disk copy with its new expiry (_queue and _behind, inline: the flat
@@ -1411,14 +1414,20 @@ class TieredStore:
                 now = _now()
                 count: tuple[int, int | None] | None = None
                 failed = False
+                # memcached's "not found": the disk's entry under the stamp before this
+                # one may hold the counter (True), or, on a node without meta, nothing is
+                # looked up (None), as _incr_up makes its first try.
+                not_found: bool | None = False
                 try:
                     try:
                         count = self.blocking.count_at(node, key, delta)
+                        not_found = count is None
                     except MetaUnsupportedError:
                         # No meta: memcached's incr, and no TTL to copy (a TTL of 0 queues a
                         # delete: the key misses on disk), as _incr_up does.
                         counted = self.blocking.incr_now(key, delta, True)
                         count = None if counted is None else (counted, 0)
+                        not_found = None if counted is None else False
                 except CommandError:
                     pass  # counted nothing: incr reads what holds the key (below)
                 except FastCacheError as exc:
@@ -1439,11 +1448,17 @@ class TieredStore:
                             stamps.bump_slot(slot, gone=True)
                         return value
                     raise _outcome_unknown(key)
-                if not failed:
-                    # Counted nothing (a miss in memcached, a stub, not a number):
-                    # the disk's entry under the stamp before this one may hold the
-                    # counter, or a value may be on its way back: incr's attempt, from
-                    # this stamp.
+                if not_found is not False and (
+                    not_found is None or self._on_disk(key, prev) is None
+                ):
+                    # Missing in both tiers, settled as incr settles it: unless the node
+                    # went out and the slot moved on meanwhile (then counted on disk).
+                    if self.states.epoch(node) == epoch or stamps.current_slot(slot) == stamp:
+                        return None
+                elif not failed:
+                    # Counted nothing (a stub, not a number, or memcached lost a counter the
+                    # disk holds): the disk's entry may hold the counter, or a value may be
+                    # on its way back: incr's attempt, from this stamp.
                     return run_blocking(self.incr(self.blocking, key, delta, bumped))
         done, result = self._incr_out(node, key, delta, bumped, strict)
         if done:

@@ -638,6 +638,38 @@ def test_incr_of_a_key_memcached_lost_counts_on_the_disk_value(
     assert both_tiers(cache, raw, "n") == ((b"42", FLAG_INTEGER),) * 2
 
 
+def misses_counted(raw: Raw) -> tuple[int, int]:
+    """memcached's own count of the increments and decrements it found no key for, and of
+    the gets (an ``mg``, a touch's included) it found none for."""
+    stats = raw.stats()
+    return stats["incr_misses"] + stats["decr_misses"], stats["get_misses"]
+
+
+def test_incr_and_touch_of_a_key_missing_in_both_tiers_ask_memcached_once(
+    cache: FastCache, raw: Raw
+) -> None:
+    # Twice each: the second finds the slot stamped by the first (a disk read, no entry).
+    for _round in range(2):
+        counted, gotten = misses_counted(raw)
+        with pytest.raises(ValueError):
+            cache.incr("absent")
+        with pytest.raises(ValueError):
+            cache.decr("absent")
+        assert misses_counted(raw) == (counted + 2, gotten)
+        assert cache.touch("absent", 100) is False
+        assert misses_counted(raw) == (counted + 2, gotten + 1)
+
+        async def both() -> bool:
+            with pytest.raises(ValueError):
+                await cache.aincr("absent")
+            return await cache.atouch("absent", 100)
+
+        assert asyncio.run(both()) is False
+        assert misses_counted(raw) == (counted + 3, gotten + 2)
+    assert cache.get("absent") is None
+    assert on_disk(cache, "absent") is None
+
+
 def test_add_over_a_value_memcached_lost_is_refused_and_puts_it_back(
     cache: FastCache, memcached: MemcachedServer, raw: Raw
 ) -> None:
