@@ -24,7 +24,8 @@ git under another name (``fastcache_baseline``) and imported beside the current 
 
 Operations: get (hit), get (miss), set, add (of a key that exists: a NOT_STORED round
 trip), delete (of a missing key), incr, touch (of a key that exists; the Django backends
-only), get_many of 10 keys, set_many of 10 keys; 100-byte values. Subjects: the raw
+only), incr_miss and touch_miss (of a key never written, a new one each call; the Django
+backends only), get_many of 10 keys, set_many of 10 keys; 100-byte values. Subjects: the raw
 clients (FastCache's ``BlockingClient`` and async ``Client``, pylibmc, pymemcache,
 meta-memcache's ``CacheClient``) and the Django backends (FastCache with the disk tier off
 and on, and with its values unsealed; PyLibMCCache, PyMemcacheCache), sync and async.
@@ -37,6 +38,7 @@ import argparse
 import asyncio
 import importlib
 import io
+import itertools
 import json
 import os
 import platform
@@ -68,6 +70,8 @@ OPERATIONS = (
     "delete",
     "incr",
     "touch",
+    "incr_miss",
+    "touch_miss",
     "get_many",
     "set_many",
 )
@@ -193,6 +197,15 @@ def configure_django(location: str, disk_directory: str, baseline: str | None) -
     django.setup()
 
 
+def incr_missing(cache: Any, key: str) -> None:
+    try:
+        cache.incr(key)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"{key!r} was expected missing")
+
+
 def django_cases(loop: asyncio.AbstractEventLoop) -> list[Case]:
     from django.core.cache import caches
 
@@ -206,6 +219,7 @@ def django_cases(loop: asyncio.AbstractEventLoop) -> list[Case]:
         cache.key_prefix = name.replace(" ", "-")
         cache.set_many(mapping)
         cache.set("counter", 1)
+        fresh = itertools.count()
         sync: dict[str, Callable[[], object]] = {
             "get": lambda c=cache: c.get("k0"),
             "get_miss": lambda c=cache: c.get("absent"),
@@ -214,6 +228,9 @@ def django_cases(loop: asyncio.AbstractEventLoop) -> list[Case]:
             "delete": lambda c=cache: c.delete("absent"),
             "touch": lambda c=cache: c.touch("k3", 300),
             "incr": lambda c=cache: c.incr("counter"),
+            # A key never written, a new one each call (Django raises ValueError).
+            "incr_miss": lambda c=cache, n=fresh: incr_missing(c, f"never{next(n)}"),
+            "touch_miss": lambda c=cache, n=fresh: c.touch(f"never{next(n)}", 300),
             "get_many": lambda c=cache: c.get_many(keys),
             "set_many": lambda c=cache: c.set_many(mapping),
         }
