@@ -1121,10 +1121,11 @@ class TieredStore:
     def touch_now(self, key: bytes, ttl: float | None) -> bool:
         """:meth:`touch` on the blocking client, as a plain call (the sync API's flat path;
         ``key`` is valid, as the backend's are) where the touch's ``mg`` settles it:
-        memcached holds a value, touched, whose disk copy is queued with its new expiry.
-        Anything else (a miss, a stub, a stale value, a failure, no meta) goes on in
-        :meth:`touch` from this stamp, which takes that ``mg``'s outcome as its own; a TTL
-        of 0 or less (a delete) goes there at once."""
+        memcached holds a value, touched, whose disk copy is queued with its new expiry;
+        or the key is missing in both tiers. Anything else (a miss the disk holds a value
+        for, a stub, a stale value, a failure, no meta) goes on in :meth:`touch` from this
+        stamp, which takes that ``mg``'s outcome as its own; a TTL of 0 or less (a delete)
+        goes there at once."""
         if ttl is not None and ttl <= 0:
             return run_blocking(self.touch(self.blocking, key, ttl))
         if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
@@ -1394,8 +1395,9 @@ class TieredStore:
         ``key`` is valid and ``delta`` an int within memcached's range, as the backend's
         are): the first attempt, line for line as :meth:`incr` and :meth:`_incr_up` make
         it, while memcached holds the counter (or, on a node without meta, with memcached's
-        ``incr``). Any other outcome that counted nothing (a miss, a stub or a value that
-        is not a number) goes on in :meth:`incr` from this attempt's stamp; a failure as
+        ``incr``), or when the key is missing in both tiers. Any other outcome that counted
+        nothing (a miss the disk holds the counter for, a stub or a value that is not a
+        number) goes on in :meth:`incr` from this attempt's stamp; a failure as
         :meth:`incr`'s does."""
         if type(delta) is not int or not -_UINT64_MAX <= delta <= _UINT64_MAX:
             return run_blocking(self.incr(self.blocking, key, delta))  # (checked there)

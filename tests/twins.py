@@ -9,9 +9,9 @@ interpreted subclass (whose methods are looked up per call, as Python does), wit
 methods replaced. The store is given the twin, and the original back afterwards.
 
 A twin of the write stamps whose ``bump`` or ``current`` is replaced is not called by the
-tier's flat ``set_now`` and ``delete_now`` while the node is up: those call ``bump_slot``,
-``replace_slot`` and ``current_slot`` (``bump`` and ``current`` call the first and the last
-in turn).
+tier's flat ``set_now``, ``delete_now``, ``incr_now`` and ``touch_now`` while the node is up:
+those call ``bump_slot``, ``replace_slot`` and ``current_slot`` (``bump`` and ``current``
+call the first and the last in turn).
 """
 
 from __future__ import annotations
