@@ -48,6 +48,20 @@ def _file_identity(path: str) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
+#: The journal's files: the database, and the WAL and its index, which SQLite keeps while
+#: any connection is open (it removes them at the last one's close) and through which it
+#: locks. A cleaner that removes the database, then, from a listing made before, the WAL
+#: and index another process made meanwhile, leaves that process writing, and locking,
+#: where the next process to open the journal does not.
+_SUFFIXES = ("", "-wal", "-shm")
+
+Identity = tuple[tuple[int, int] | None, ...]
+
+
+def _files_identity(path: str) -> Identity:
+    return tuple(_file_identity(path + suffix) for suffix in _SUFFIXES)
+
+
 class Journal:
     def __init__(self, path: str, timeout: float = 5.0) -> None:
         self.path = path
@@ -55,8 +69,8 @@ class Journal:
         self._lock = threading.RLock()
         self._connection: sqlite3.Connection | None = None
         self._pid = os.getpid()
-        #: (device, inode) of the file this process's connection opened.
-        self._identity: tuple[int, int] | None = None
+        #: (device, inode) of each of the files this process's connection opened.
+        self._identity: Identity | None = None
         #: The nodes journaled for, and how to mark one out: set by whoever runs the tier
         #: (:mod:`django_fastcache.maintenance`), for carrying a replaced journal over.
         self.node_ids: tuple[str, ...] = ()
@@ -84,32 +98,54 @@ class Journal:
     def _connect(self) -> sqlite3.Connection:
         connection = self._connection
         if connection is None or self._pid != os.getpid():
-            # Several processes opening a new journal at once (the first outage) race to
-            # switch it to WAL, and SQLite answers the losers "database is locked" at once,
-            # without waiting for its busy timeout: try again until the timeout.
-            deadline = time.monotonic() + self.timeout
-            while True:
-                try:
-                    connection = self._open()
-                    break
-                except sqlite3.OperationalError as exc:
-                    if "locked" in str(exc) and time.monotonic() < deadline:
-                        time.sleep(0.001)
-                        continue
-                    raise DiskError(f"cannot open the outage journal {self.path}: {exc}") from exc
-                except sqlite3.Error as exc:
-                    raise DiskError(f"cannot open the outage journal {self.path}: {exc}") from exc
+            connection, identity = self._open_where_it_stays()
             self._connection, self._pid = connection, os.getpid()
             forkgate.hold(self, connection, shared=True)  # closed only inside the gate
-            self._identity = _file_identity(self.path)
+            self._identity = identity
         return connection
+
+    def _open_where_it_stays(self) -> tuple[sqlite3.Connection, Identity]:
+        """A connection to the journal at ``path`` and the identity of the file it opened.
+
+        SQLite does not say which file it opened: the file at the path before and after the
+        open, when they are the same one, is. A file removed and made again meanwhile (a
+        temp cleaner, and another process carrying its journal over) would otherwise be
+        taken for this connection's, which then journals, and takes the host's lock, in a
+        file no other process uses, never found replaced (the consistency checker found
+        this). A file made by this open is opened again, to see it stay. The WAL and its
+        index, which the open may make, are those at their paths once it is done."""
+        # Several processes opening a new journal at once (the first outage) race to
+        # switch it to WAL, and SQLite answers the losers "database is locked" at once,
+        # without waiting for its busy timeout: try again until the timeout.
+        deadline = time.monotonic() + self.timeout
+        while True:
+            before = _file_identity(self.path)
+            try:
+                connection = self._open()
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                    continue
+                raise DiskError(f"cannot open the outage journal {self.path}: {exc}") from exc
+            except sqlite3.Error as exc:
+                raise DiskError(f"cannot open the outage journal {self.path}: {exc}") from exc
+            after = _files_identity(self.path)
+            if before is not None and before == after[0]:
+                return connection, after
+            connection.close()  # opened before any use: no lock held, nothing to checkpoint
+            if time.monotonic() >= deadline:
+                raise DiskError(
+                    f"cannot open the outage journal {self.path}: the file kept being "
+                    "removed or replaced while it was opened"
+                )
 
     # -- the file removed under the process (an age-based temp cleaner, say) ------------------
     def replaced(self) -> bool:
         """Whether the file this process has open is no longer the journal's path: removed
         (what a temp cleaner does to a file written only during outages) or replaced. What
-        this process journals there, no other process will ever replay. One ``stat``."""
-        return self._connection is not None and _file_identity(self.path) != self._identity
+        this process journals there, no other process will ever replay. A ``stat`` of each
+        of its files."""
+        return self._connection is not None and _files_identity(self.path) != self._identity
 
     def _carry_over(self) -> sqlite3.Connection:
         """Copy what the replaced file holds into the journal at the path (made again if
