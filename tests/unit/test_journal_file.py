@@ -66,25 +66,12 @@ def test_a_journal_replaced_while_it_is_opened_is_opened_again_where_it_stays(
         journal.close()
 
 
-def test_a_journal_made_by_its_own_open_is_kept(tmp_path: Path) -> None:
-    path = str(tmp_path / "journal.sqlite3")
-    journal = Journal(path)
-    with journal.transaction() as connection:
-        Journal.record(connection, "node", [b"key"])
-    assert not journal.replaced()
-    again = Journal(path)
-    with again.transaction() as connection:
-        assert Journal.keys(connection, "node") == [b"key"]
-    for each in (journal, again):
-        each.close()
-
-
 def test_a_journal_whose_wal_and_index_were_removed_is_found_replaced(tmp_path: Path) -> None:
     # The cleaner's listing was made before another process made the journal again: it
     # removes that process's WAL and index, and leaves the database.
     path = str(tmp_path / "journal.sqlite3")
     journal = Journal(path)
-    with journal.transaction() as connection:
+    with journal.transaction() as connection:  # made by its own open, and kept
         Journal.record(connection, "node", [b"key"])
     assert not journal.replaced()
     for suffix in ("-wal", "-shm"):
