@@ -132,7 +132,7 @@ class Journal:
             after = _files_identity(self.path)
             if before is not None and before == after[0]:
                 return connection, after
-            connection.close()  # opened before any use: no lock held, nothing to checkpoint
+            connection.close()  # no transaction open: it holds no lock
             if time.monotonic() >= deadline:
                 raise DiskError(
                     f"cannot open the outage journal {self.path}: the file kept being "
