@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar, cast
 
 from .bridge import run_blocking
-from .client.blocking import BlockingClient
+from .client.blocking import BlockingClient, count_line, counted
 from .client.cluster import Cluster
 from .client.commands import CommandSet
 from .client.failures import refusal_error
@@ -1106,7 +1106,7 @@ class TieredStore:
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node) or asked:
                 try:
-                    return await self._touch_up(client, key, ttl, bumped, first, asked)
+                    return await self._touch_up(client, key, node, ttl, bumped, first, asked)
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                 finally:
@@ -1142,9 +1142,7 @@ class TieredStore:
         now = _now()
         first: MetaReply | FastCacheError | None
         try:
-            first = self.blocking.meta_at(
-                node, b"mg %s v c f T%d\r\n" % (key, memcached_exptime(ttl, now))
-            )
+            first = self.blocking.meta_at(node, _touch_read(key, memcached_exptime(ttl, now)))
         except FastCacheError as exc:
             first = exc
         else:
@@ -1171,6 +1169,7 @@ class TieredStore:
         self,
         client: CommandSet,
         key: bytes,
+        node: int,
         ttl: float | None,
         bumped: list[int],
         first: MetaReply | FastCacheError | None = None,
@@ -1195,13 +1194,22 @@ class TieredStore:
             if asked:
                 held = None if first is None else _outcome(first)
             else:
-                held = await client.meta_get(
-                    key, value=True, client_flags=True, touch=exptime, cas=True
-                )
+                reply = await client.meta_line(node, _touch_read(key, exptime))
+                held = None if reply.status is MetaStatus.EN else reply
         except MetaUnsupportedError:
-            touched = await client.touch(key, exptime)
-            self._behind(key, stamp, None, 0, None, now)  # no copy: the key misses on disk
-            return touched
+            # memcached's touch, which reads no value for the disk copy's new expiry: the
+            # key misses on disk once touched there. Not found there: the disk's entry, if
+            # it answers, takes the new expiry (not put back into memcached: no lease to
+            # do that safely with), as get would have answered it.
+            if await client.touch(key, exptime):
+                self._behind(key, stamp, None, 0, None, now)
+                return True
+            entry = self._on_disk(key, prev)
+            if entry is None:
+                return False
+            expire_at = None if ttl is None else now + ttl
+            self._behind(key, stamp, entry.data, entry.flags, expire_at, entry.written_at)
+            return True
         if held is not None and held.stale:
             # Marked stale by invalidate(): touched, and no disk copy (the value is on its
             # way out); a win this read took goes back to get_or_set.
@@ -1355,6 +1363,9 @@ class TieredStore:
 
         ``bumped`` and ``attempts``: where :meth:`incr_now` hands over, after an attempt
         that counted nothing."""
+        # A delta memcached cannot count by is refused before anything is stamped, and
+        # alike whichever tier would count (an outage's count on disk included).
+        line = count_line(key, delta)
         self._follow_files()
         node = self.cluster.node_index(key)
         if bumped is None:
@@ -1364,7 +1375,7 @@ class TieredStore:
             epoch = self.states.epoch(node)
             if not epoch & 1:  # up
                 try:
-                    count = await self._incr_up(client, key, delta, bumped, node, epoch)
+                    count = await self._incr_up(client, key, delta, line, bumped, node, epoch)
                 except _WentOutBeforeSending:
                     pass  # nothing sent: counted on disk like any write of an outage
                 except FastCacheError as exc:
@@ -1491,12 +1502,14 @@ class TieredStore:
         client: CommandSet,
         key: bytes,
         delta: int,
+        line: bytes,
         bumped: list[int],
         node: int,
         epoch: int,
     ) -> tuple[int, float | None, float] | None:
-        """memcached's count, its TTL and the time it was asked (its disk copy not yet
-        queued: the caller checks the node first), or None when the key is missing.
+        """memcached's count (``line``: its ``ma``, :func:`count_line`), its TTL and the
+        time it was asked (its disk copy not yet queued: the caller checks the node first),
+        or None when the key is missing.
 
         :class:`_WentOutBeforeSending` when ``node``'s epoch moved from ``epoch`` before
         the key was stamped: a write made on disk in the outage may be stamped before this
@@ -1510,8 +1523,9 @@ class TieredStore:
         entry: DiskEntry | None = None
         for _try in range(_STUB_TRIES):
             now = _now()
+            count: tuple[int, int | None] | None
             try:
-                count = await client.meta_arithmetic(key, abs(delta), decrement=delta < 0)
+                count = counted(await client.meta_line(node, line))
             except MetaUnsupportedError:
                 value = await (client.decr(key, -delta) if delta < 0 else client.incr(key, delta))
                 # No TTL to copy: a TTL of 0 queues a delete (the key misses on disk).
@@ -1523,10 +1537,9 @@ class TieredStore:
                         raise  # not a number
                     continue  # a stub then, replaced by its value since: count again
                 count = None  # a stub: the value is missing, or on its way back from disk
-            if count is not None and count.status is MetaStatus.HD:
-                assert count.value is not None
-                ttl = None if count.ttl is None or count.ttl < 0 else float(count.ttl)
-                return count.value, ttl, now
+            if count is not None:
+                number, seconds = count
+                return number, None if seconds is None or seconds < 0 else float(seconds), now
             if entry is None:
                 entry = self._on_disk(key, prev)
                 if entry is None:
@@ -1615,7 +1628,8 @@ class TieredStore:
 
     # -- bringing a node back ------------------------------------------------------------
     def bring_back(self, node: int) -> int | None:
-        """Replay ``node``'s journal as deletes and mark it up; the keys replayed, or None
+        """Replay ``node``'s journal as deletes and mark it up; the keys deleted (0 when
+        the node was flushed whole instead), or None
         when this call did not bring it back: still unreachable, or brought back by another
         process meanwhile. Called by the maintenance thread, never on a request."""
         node_id = self.cluster.node_ids[node]
@@ -1704,8 +1718,11 @@ class TieredStore:
             )
         self.last_probe_error.pop(node, None)
         self.metrics.replays += 1
-        self.metrics.replayed_keys += len(keys)
-        return len(keys)
+        # Keys deleted one by one: none where the node was flushed whole instead (the
+        # journal then holds the flush's mark, or keys it did not need to delete).
+        replayed = 0 if not keys or FLUSH_MARK in keys or unjournaled else len(keys)
+        self.metrics.replayed_keys += replayed
+        return replayed
 
     def _out_again_if_unjournaled(self, node: int) -> bool:
         """Just marked up: a write that could not be journaled while ``node`` was out may
@@ -1780,6 +1797,12 @@ class TieredStore:
             "read_copies": len(self.copies),
             "read_copies_bytes": self.copies.size,
         }
+
+
+def _touch_read(key: bytes, exptime: int) -> bytes:
+    """The ``mg`` line of a touch (of a valid key) that reads the value it touches, for its
+    disk copy's new expiry: value, client flags and CAS, and the new exptime."""
+    return b"mg %s v c f T%d\r\n" % (key, exptime)
 
 
 def _outcome(reply: MetaReply | FastCacheError) -> MetaReply:

@@ -132,6 +132,8 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
         ssl=options.ssl,
         username=options.username,
         password=options.password,
+        # "classic": no meta command is sent, the disk tier's included (its classic ways).
+        meta=options.protocol != "classic",
     )
     # One health for both clients: either one's requests tell it, both report it.
     blocking = BlockingClient(client.cluster, client.health)
@@ -264,8 +266,10 @@ class FastCache(BaseCache):
             )
         options, problems = parse_options(params.get("OPTIONS"))
         if problems:
-            self._configuration_error = "Bad FastCache OPTIONS: " + " ".join(
-                p.message for p in problems
+            # Every problem, the LOCATION's included: one fix at a time would take a start each.
+            bad_options = "Bad FastCache OPTIONS: " + " ".join(p.message for p in problems)
+            self._configuration_error = " ".join(
+                filter(None, (self._configuration_error, bad_options))
             )
         self._options = options
         self._serializer = make_serializer(options)

@@ -51,6 +51,7 @@ from ..protocol import (
     decr_command,
     delete_command,
     incr_command,
+    meta_arithmetic_command,
     storage_command,
     touch_command,
 )
@@ -62,7 +63,7 @@ from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .events import NodeHealth
 from .failures import REFUSAL_LINE, connect_error, refusal_error, refused
-from .meta import only_reply
+from .meta import meta_unsent, only_reply
 from .metrics import ClientMetrics, Latencies, MetricsSnapshot, new_calls
 from .security import ENDED_UNANSWERED, check_auth_reply, tls_error, tls_session_error
 from .thread_connections import ThreadConnections
@@ -702,12 +703,41 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
 
 # Compiled, it may still be subclassed from Python (tests, wrappers).
 @mypyc_attr(allow_interpreted_subclasses=True)
+def count_line(key: bytes, delta: int) -> bytes:
+    """The ``ma`` line of the disk tier's increment of a valid ``key`` by ``delta``
+    (negative: a decrement), asking for the new value, the CAS and the TTL left (``v c
+    t``). A delta memcached cannot count by is refused as
+    :meth:`~MetaCommands.meta_arithmetic` refuses it (:class:`InvalidArgumentError`)."""
+    if type(delta) is int and 0 <= delta <= _UINT64_MAX:
+        return b"ma %s D%d v c t\r\n" % (key, delta)
+    if type(delta) is int and -_UINT64_MAX <= delta < 0:
+        return b"ma %s MD D%d v c t\r\n" % (key, -delta)
+    magnitude = abs(delta)  # (a bool counts as the int it is, as it always has)
+    return meta_arithmetic_command(
+        key, mode="decr" if delta < 0 else "incr", delta=magnitude, cas=True, return_ttl=True
+    )
+
+
+def counted(reply: MetaReply) -> tuple[int, int | None] | None:
+    """What the reply to :func:`count_line`'s request says: ``(new value, seconds left or
+    -1)``, or None when the key is missing (NF). Any other reply is a
+    :class:`ProtocolError` (the node's fault)."""
+    if reply.status is _NF:
+        return None
+    value = reply.value
+    if reply.status is not _VA or value is None or not value.isdigit():
+        raise ProtocolError(f"ma returned {reply.status.name} without a number: {value!r}")
+    return int(value), reply.ttl
+
+
 class BlockingClient(CommandSet):
     """The commands over blocking sockets; drive its coroutines with ``run_blocking``."""
 
     def __init__(self, cluster: Cluster, health: NodeHealth | None = None) -> None:
         self.cluster = cluster
         self._timeout = cluster.settings.timeout
+        # Whether meta commands may be sent (ClientSettings.meta), read by meta_at.
+        self._meta = cluster.settings.meta
         #: Node health, shared with the asyncio client of the same cluster when given.
         self.health = NodeHealth() if health is None else health
         #: Counters per node and operation (see :meth:`metrics`); latencies only when
@@ -1036,24 +1066,18 @@ class BlockingClient(CommandSet):
         """The reply to one meta command (``data``: its whole line, of a valid key and
         flags that draw exactly one reply) sent to ``node``, as a plain call: the disk
         tier's flat paths, which build their few commands at once. An error reply is
-        raised (``ERROR``: :class:`MetaUnsupportedError`)."""
+        raised (``ERROR``: :class:`MetaUnsupportedError`; unsent, where this client sends
+        no meta command: ``ClientSettings.meta``)."""
+        if not self._meta:
+            raise meta_unsent()
         return only_reply(self.request(node, data + b"mn\r\n", _META))
 
     def count_at(self, node: int, key: bytes, delta: int) -> tuple[int, int | None] | None:
         """:meth:`~MetaCommands.meta_arithmetic` of a valid ``key`` on ``node``, as a plain
         call: ``(new value, seconds left or -1)``, or None when the key is missing (NF).
         ``delta`` is an int, negative to subtract. The disk tier's increment, which needs
-        the TTL for its disk copy: the same request as the coroutine's (``v c t``)."""
-        if delta < 0:
-            reply = self.meta_at(node, b"ma %s MD D%d v c t\r\n" % (key, -delta))
-        else:
-            reply = self.meta_at(node, b"ma %s D%d v c t\r\n" % (key, delta))
-        if reply.status is _NF:
-            return None
-        value = reply.value
-        if reply.status is not _VA or value is None or not value.isdigit():
-            raise ProtocolError(f"ma returned {reply.status.name} without a number: {value!r}")
-        return int(value), reply.ttl
+        the TTL for its disk copy (:func:`count_line`, :func:`counted`)."""
+        return counted(self.meta_at(node, count_line(key, delta)))
 
     # -- the I/O primitives (coroutines that never suspend) ------------------------------
     async def _request(

@@ -39,6 +39,7 @@ class Client(CommandSet):
     ``servers`` are addresses (``"host:port"``, ``"[::1]:11211"``, ``"unix:/path"``);
     keys are routed to nodes by rendezvous hashing. Keys and values are ``bytes``. The
     commands are those of :class:`~django_fastcache.client.commands.CommandSet`.
+    ``meta=False`` sends no meta command (see :class:`.ClientSettings`).
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class Client(CommandSet):
         placement: str = "rendezvous",
         autodiscovery: bool = False,
         autodiscovery_interval: float = 60.0,
+        meta: bool = True,
     ) -> None:
         security = make_security(ssl, username, password)
         settings = ClientSettings(
@@ -73,6 +75,7 @@ class Client(CommandSet):
             placement=placement,
             autodiscovery=autodiscovery,
             autodiscovery_interval=autodiscovery_interval,
+            meta=meta,
         )
         self.cluster = Cluster(servers, settings)
         self.timeout = settings.timeout

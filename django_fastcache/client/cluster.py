@@ -54,6 +54,11 @@ class ClientSettings:
     autodiscovery: bool = False
     #: Seconds between two refreshes of the node list.
     autodiscovery_interval: float = 60.0
+    #: Whether meta commands may be sent. False for nodes, or a proxy in front of them,
+    #: that do not speak meta (mcrouter, memcached before 1.6): each meta command then
+    #: raises MetaUnsupportedError unsent, which callers with a classic way (the disk
+    #: tier) take at once, where an ``ERROR`` would cost a round trip and the connection.
+    meta: bool = True
 
     def __post_init__(self) -> None:
         if self.timeout <= 0 or self.connect_timeout <= 0:
@@ -69,6 +74,8 @@ class ClientSettings:
             )
         if not self.autodiscovery_interval > 0:
             raise InvalidArgumentError("autodiscovery_interval must be positive")
+        if not isinstance(self.meta, bool):
+            raise InvalidArgumentError(f"meta must be a bool, got {self.meta!r}")
 
 
 class Cluster:

@@ -265,8 +265,11 @@ class MetaCommands:
     async def speaks_meta(self, *, nodes: Iterable[int] | None = None) -> dict[str, bool]:
         """Whether each node (or the ``nodes`` given by index) speaks the meta protocol, by
         node id: ``mn`` is answered ``MN`` by memcached 1.6+ and ``ERROR`` by older servers
-        (whose connection is then dropped). Other failures are raised."""
+        (whose connection is then dropped). Other failures are raised. A client that
+        sends no meta command (``ClientSettings.meta`` False) answers False unasked."""
         chosen = self._nodes(nodes)
+        if not self.cluster.settings.meta:
+            return dict.fromkeys((self.cluster.node_ids[node] for node in chosen), False)
         results = await self._pipelines({node: (_NOOP, [_META]) for node in chosen})
         answers: dict[str, bool] = {}
         for node in chosen:
@@ -280,8 +283,20 @@ class MetaCommands:
         return answers
 
     # -- shared steps --------------------------------------------------------------------
+    async def meta_line(self, node: int, data: bytes) -> MetaReply:
+        """The reply to one meta command sent to ``node``, ``data`` its whole line, of a
+        valid key and with flags that draw exactly one reply: for a caller that builds its
+        few commands at once (the disk tier), sparing the general encoders' checks. An
+        error reply is raised (``ERROR``: :class:`MetaUnsupportedError`). The blocking
+        client's ``meta_at`` is its plain-call twin."""
+        if not self.cluster.settings.meta:
+            raise meta_unsent()
+        return only_reply(await self._request(node, data + _NOOP, _META))
+
     async def _meta_one(self, key: bytes, data: bytes) -> MetaReply:
         """The one reply to a single meta command; an error reply is raised."""
+        if not self.cluster.settings.meta:
+            raise meta_unsent()
         replies = await self._request(self.cluster.node_index(key), data + _NOOP, _META)
         return only_reply(replies)
 
@@ -289,6 +304,8 @@ class MetaCommands:
         self, requests: Requests, expected: Expected | None = None
     ) -> dict[int, list[MetaReply]]:
         """Each node's meta replies; the first failed node's error, or error reply, raised."""
+        if not self.cluster.settings.meta:
+            raise meta_unsent()
         results = await self._pipelines(requests, expected)
         replies: dict[int, list[MetaReply]] = {}
         for node, outcome in results.items():
@@ -300,6 +317,14 @@ class MetaCommands:
 
     def _nodes(self, nodes: Iterable[int] | None) -> list[int]:
         return list(self.cluster.live_nodes()) if nodes is None else sorted(set(nodes))
+
+
+def meta_unsent() -> MetaUnsupportedError:
+    """The error of a meta command a client that sends none was asked to send."""
+    return MetaUnsupportedError(
+        "this client sends no meta command (ClientSettings.meta is False: the backend's"
+        " OPTIONS['protocol'] is 'classic'); the command was not sent"
+    )
 
 
 def only_reply(replies: list[MetaResult]) -> MetaReply:

@@ -234,7 +234,7 @@ def _timed_out_incr(
     with ``error``): logged as acknowledged with what it returned, or as failed when it
     raised OutcomeUnknownError (it may have taken effect)."""
     store = tier(cache)
-    hung = _AppliedThenTimedOut(store.blocking, "meta_arithmetic", meanwhile, error)
+    hung = _AppliedThenTimedOut(store.blocking, "meta_line", meanwhile, error)
     start = time.monotonic_ns()
     try:
         value: int | None = run_blocking(store.incr(hung, cache.wire_key(key), 1))
@@ -466,7 +466,7 @@ def test_an_async_write_landing_after_a_set_stamped_later_leaves_the_key_missing
     store = tier(cache)
     wire = cache.wire_key("k")
     data, flags = cache._serializer.dumps(2)
-    method = {"incr": "meta_arithmetic"}.get(outer, outer)
+    method = {"incr": "meta_line"}.get(outer, outer)
     client = calling_first(store.blocking, method, lambda: log.set(other, 1, "k", 3))
     start = time.monotonic_ns()
     last: int | None = None
@@ -561,6 +561,56 @@ def _lost_before_landing(
     server.flush()
     for reader_process, reader in readers:
         assert log.get(reader, reader_process, "k") == value
+
+
+# -- a touch without meta of a key only the disk holds ---------------------------------------
+
+
+def _touching_then(client: Any, meanwhile: Callable[[], None]) -> Any:
+    """A twin of ``client`` whose classic ``touch`` runs ``meanwhile`` once answered."""
+    touch = client.touch
+
+    async def touched_then(key: bytes, exptime: int, **kwargs: Any) -> bool:
+        touched: bool = await touch(key, exptime, **kwargs)
+        meanwhile()
+        return touched
+
+    return twin(client, touch=touched_then)
+
+
+@pytest.mark.parametrize("racer", ["set", "delete"])
+def test_a_classic_touch_of_a_key_only_the_disk_holds_loses_to_a_write_racing_it(
+    server: MemcachedServer, directory: str, racer: str
+) -> None:
+    # Under protocol "classic" a touch that memcached did not find gives the disk's entry
+    # its new expiry. A write or delete of another process landing between memcached's
+    # answer and that copy wins: the old value never answers again.
+    log = Log()
+    cache = make(server.location, directory, 0, protocol="classic")
+    other = make(server.location, directory, 1, protocol="classic")
+    _landed_then_lost(log, server, cache, 0, "k", 1)
+    store = tier(cache)
+
+    def write_meanwhile() -> None:
+        if racer == "set":
+            log.set(other, 1, "k", 2)
+        else:
+            log.delete(other, 1, "k")
+
+    client = _touching_then(store.blocking, write_meanwhile)
+    tier(other).behind.pause()  # the racer's copy lands after the touch read the disk
+    try:
+        assert run_blocking(store.touch(client, cache.wire_key("k"), 100)) is True
+    finally:
+        tier(other).behind.resume()
+    assert store.flush(LANDING_WAIT)
+    assert tier(other).flush(LANDING_WAIT)
+    expected = 2 if racer == "set" else None
+    assert log.get(cache, 0, "k") == expected
+    server.flush()  # memcached loses it again: the disk answers, never with the 1
+    assert log.get(cache, 0, "k") in (expected, None)
+    assert log.get(other, 1, "k") in (expected, None)
+    assert log.stale_reads() == []
 
 
 # -- the tier's directory deleted and made again under a running process -----------------------
@@ -1289,7 +1339,7 @@ def test_an_incr_answered_after_its_node_went_out_is_not_served_memcached_s_coun
     # other process's increment, whose outcome that process could not know.
     log, cache, other = _disk_lagging(server, directory)
     store, wire = tier(cache), cache.wire_key("n")
-    client = calling_first(store.blocking, "meta_arithmetic", _refused_timed_out_incr(log, other))
+    client = calling_first(store.blocking, "meta_line", _refused_timed_out_incr(log, other))
     start = time.monotonic_ns()
     with pytest.raises(OutcomeUnknownError):  # not memcached's 7: its count includes 1's
         run_blocking(store.incr(client, wire, 1))  # type: ignore[arg-type]
@@ -1392,7 +1442,7 @@ def test_an_incr_answered_after_its_node_went_out_keeps_its_count_when_the_key_i
     store = tier(cache)
     cache.set("n", 5)
     wire = cache.wire_key("n")
-    client = calling_first(store.blocking, "meta_arithmetic", lambda: tier(other).node_failed(0))
+    client = calling_first(store.blocking, "meta_line", lambda: tier(other).node_failed(0))
     assert run_blocking(store.incr(client, wire, 1)) == 6  # type: ignore[arg-type]
     assert store.metrics.journaled == 0
     assert store.flush(LANDING_WAIT)
@@ -1806,7 +1856,7 @@ def test_a_call_stamped_between_an_outage_write_s_stamp_and_its_landing_never_an
         start = time.monotonic_ns()
         try:
             if call == "touch":
-                hung = _Failing(store.blocking, "meta_get", _timed_out)
+                hung = _Failing(store.blocking, "meta_line", _timed_out)
                 touched = run_blocking(store.touch(hung, wire, None))  # type: ignore[arg-type]
             else:
                 value = run_blocking(store.incr(store.blocking, wire, 1))

@@ -12,7 +12,7 @@ import pytest
 
 from django_fastcache.bridge import run_blocking
 from django_fastcache.client import Client
-from django_fastcache.client.blocking import BlockingClient
+from django_fastcache.client.blocking import BlockingClient, count_line, counted
 from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.client.commands import CommandSet
 from django_fastcache.client.meta import MetaCount
@@ -20,9 +20,14 @@ from django_fastcache.errors import (
     ClientError,
     InvalidArgumentError,
     InvalidKeyError,
+    ProtocolError,
     ValueTooLargeError,
 )
-from django_fastcache.protocol import MetaStatus, MetaUnsupportedError
+from django_fastcache.protocol import (
+    MetaReply,
+    MetaStatus,
+    MetaUnsupportedError,
+)
 from django_fastcache.testing.fake_server import FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer
 
@@ -337,6 +342,78 @@ def test_count_at_is_meta_arithmetic_as_a_plain_call(memcached: MemcachedServer)
         assert run_blocking(client.meta_arithmetic(b"n", 2)).value == 2
     finally:
         client.close_thread_connections()
+
+
+def test_meta_line_answers_one_command_built_by_its_caller(
+    run: Runner, memcached: MemcachedServer
+) -> None:
+    """``meta_line`` (the disk tier's coroutines, which build their few commands at once):
+    the one reply as the general commands answer it, an error reply raised, and the
+    connection kept in step, over both clients."""
+
+    async def scenario(client: CommandSet) -> Any:
+        node = client.cluster.node_index(b"n")
+        missing = await client.meta_line(node, count_line(b"n", 1))
+        await client.meta_set(b"n", b"10", exptime=500)
+        up = await client.meta_line(node, count_line(b"n", 5))
+        down = await client.meta_line(node, count_line(b"n", -100))
+        read = await client.meta_line(node, b"mg n v c f T600\r\n")
+        await client.meta_set(b"t", b"text")
+        with pytest.raises(ClientError, match="non-numeric"):
+            await client.meta_line(client.cluster.node_index(b"t"), count_line(b"t", 1))
+        return missing, up, down, read, await client.meta_get(b"n", ttl=True)
+
+    missing, up, down, read, after = run([memcached.location], scenario)
+    assert counted(missing) is None
+    assert (up.status, up.value) == (S.VA, b"15")
+    assert up.cas is not None
+    assert counted(up) == (15, up.ttl)
+    assert 400 < up.ttl <= 500
+    assert counted(down) == (0, down.ttl)  # memcached stops a decrement at 0
+    # (memcached's decrement pads a shorter number with spaces)
+    assert (read.status, read.value, read.client_flags) == (S.VA, b"0 ", 0)
+    assert read.cas == down.cas  # a read changes no CAS
+    assert after.value == b"0 "
+    assert 500 < after.ttl <= 600  # touched by the read's T
+
+
+@pytest.mark.parametrize(
+    ("delta", "line"),
+    [
+        (0, b"ma n D0 v c t\r\n"),
+        (1, b"ma n D1 v c t\r\n"),
+        (2**64 - 1, b"ma n D18446744073709551615 v c t\r\n"),
+        (-1, b"ma n MD D1 v c t\r\n"),
+        (-(2**64 - 1), b"ma n MD D18446744073709551615 v c t\r\n"),
+        # A bool: meta_arithmetic's own request, of the int it is (D1 left out).
+        (True, b"ma n v c t\r\n"),
+    ],
+)
+def test_count_line_asks_for_the_value_cas_and_ttl(delta: int, line: bytes) -> None:
+    assert count_line(b"n", delta) == line
+
+
+@pytest.mark.parametrize(
+    ("delta", "error", "match"),
+    [
+        (2**64, InvalidArgumentError, "between 0 and"),
+        (-(2**64), InvalidArgumentError, "between 0 and"),
+        (1.5, InvalidArgumentError, "must be an int"),
+        ("1", TypeError, ""),
+    ],
+)
+def test_count_line_refuses_a_delta_as_meta_arithmetic_does(
+    delta: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        count_line(b"n", delta)
+
+
+def test_counted_refuses_a_reply_without_a_number() -> None:
+    with pytest.raises(ProtocolError, match="without a number"):
+        counted(MetaReply(S.HD))
+    with pytest.raises(ProtocolError, match="without a number"):
+        counted(MetaReply(S.VA, value=b"x1"))
 
 
 def test_count_at_on_a_server_without_meta_raises_meta_unsupported() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -16,6 +17,8 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
+from django_fastcache.client.blocking import BlockingClient
+from django_fastcache.client.cluster import Cluster
 from django_fastcache.client.commands import ADD_SEEING_MAX
 from django_fastcache.client.metrics import MetricsSnapshot
 from django_fastcache.protocol import MetaUnsupportedError
@@ -74,8 +77,16 @@ def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> bool:
 
 
 def raw_mg(cache: FastCache, key: str, **flags: Any) -> Any:
-    """memcached's view of a key, read with a meta get that changes nothing."""
-    return run_blocking(cache.blocking_client.meta_get(cache.wire_key(key), no_bump=True, **flags))
+    """memcached's view of a key, read with a meta get that changes nothing (by a client
+    of its own: the cache's sends no meta command under protocol "classic")."""
+    cluster = cache.blocking_client.cluster
+    client = BlockingClient(
+        Cluster(cluster.addresses, dataclasses.replace(cluster.settings, meta=True))
+    )
+    try:
+        return run_blocking(client.meta_get(cache.wire_key(key), no_bump=True, **flags))
+    finally:
+        client.close_thread_connections()
 
 
 def make_stub(cache: FastCache, key: str, lease: int = 30) -> None:

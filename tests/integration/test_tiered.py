@@ -33,7 +33,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django_fastcache.backends import FastCache, fastcache
 from django_fastcache.bridge import run_blocking
 from django_fastcache.disk import DiskEntry
-from django_fastcache.errors import ProtocolError, ServerError, ValueTooLargeError
+from django_fastcache.errors import (
+    InvalidArgumentError,
+    ProtocolError,
+    ServerError,
+    ValueTooLargeError,
+)
 from django_fastcache.maintenance import maintenance
 from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.signals import node_back, node_out
@@ -275,6 +280,70 @@ def test_get_many_answers_misses_from_disk_and_refills_them(
     stats = cache.tier_stats()
     assert stats is not None
     assert (stats["disk_hits"], stats["refills"]) == (2, 2)
+
+
+def meta_commands_sent(cache: FastCache) -> int:
+    """Meta commands the cache's two clients sent, by their own counters."""
+    metrics = cache.metrics()
+    return sum(
+        stats.calls
+        for snapshot in (metrics["blocking"], metrics["async"])
+        for node in snapshot.nodes.values()
+        for name, stats in node.operations.items()
+        if name == "meta"
+    )
+
+
+def test_protocol_classic_sends_no_meta_command_and_the_tier_keeps_its_guarantees(
+    memcached: MemcachedServer, disk_directory: str, raw: Raw
+) -> None:
+    # For a proxy that does not speak meta (mcrouter): the tier takes its classic ways at
+    # once. A miss answered from disk is not put back (no lease to do it safely with);
+    # incr and touch, which learn no TTL or value classically, drop the key's disk copy.
+    cache = make_cache(memcached.location, disk_directory, protocol="classic")
+    cache.set("k", "v", timeout=1000)
+    cache.set_many({"a": 1, "b": 2, "n": 5})
+    assert cache.add("k", "other") is False
+    assert cache.add("new", "added") is True
+    assert cache.incr("n", 2) == 7
+    assert cache.decr("n") == 6
+    assert cache.touch("a", 2000) is True
+    landed(cache)
+    memcached.flush()  # a restart: the disk answers
+    assert cache.get("k") == "v"
+    assert cache.get_many(["a", "b", "n", "absent"]) == {"b": 2}  # a and n: dropped
+    assert raw.get(cache.wire_key("k")) is None  # not put back
+    assert cache.add("k", "other") is False  # the disk holds it
+    assert raw.get(cache.wire_key("k")) is None  # the add's value taken back
+    assert cache.has_key("new")
+    assert cache.get_or_set("k", "computed") == "v"
+    with pytest.raises(ValueError):
+        cache.incr("n")
+
+    async def asynchronous() -> Any:
+        try:
+            return (
+                await cache.aget("b"),
+                await cache.aadd("b", 0),
+                await cache.atouch("new", 100),
+                await cache.aset("c", 3),
+                await cache.aincr("c"),
+                await cache.aget_or_set("gos", 9),
+            )
+        finally:
+            await cache.client.aclose()
+
+    before = time.time()
+    assert asyncio.run(asynchronous()) == (2, False, True, None, 4, 9)
+    assert_expires(on_disk(cache, "new"), 100, before, time.time())  # touched on disk
+    cache.delete("k")
+    cache.delete_many(["b", "c"])
+    assert cache.get_many(["k", "b", "c", "gos"]) == {"gos": 9}
+    assert meta_commands_sent(cache) == 0
+    # (The counter counts: a cache that speaks meta sends one for a touch.)
+    speaking = make_cache(memcached.location, disk_directory)
+    speaking.touch("gos", 100)
+    assert meta_commands_sent(speaking) == 1
 
 
 def test_the_async_api_answers_a_miss_from_disk_and_refills(
@@ -678,6 +747,22 @@ def test_incr_and_touch_of_a_key_missing_in_both_tiers_ask_memcached_once(
     assert on_disk(cache, "absent") is None
 
 
+@pytest.mark.parametrize("delta", [2**64, 1.5])
+def test_an_incr_by_a_delta_memcached_cannot_count_by_leaves_the_key_as_it_was(
+    cache: FastCache, memcached: MemcachedServer, delta: Any
+) -> None:
+    # Refused before the key is stamped, in both APIs: its disk copy still answers once
+    # memcached has lost the key (a stamp would have hidden it).
+    cache.set("n", 41, timeout=1000)
+    landed(cache)
+    with pytest.raises(InvalidArgumentError):
+        cache.incr("n", delta)
+    with pytest.raises(InvalidArgumentError):
+        asyncio.run(cache.aincr("n", delta))
+    memcached.flush()
+    assert cache.get("n") == 41
+
+
 def test_add_over_a_value_memcached_lost_is_refused_and_puts_it_back(
     cache: FastCache, memcached: MemcachedServer, raw: Raw
 ) -> None:
@@ -843,6 +928,26 @@ def test_writes_and_deletes_while_a_node_is_out_are_journaled(
         "added": 1,
         "m2": 2,
     }
+
+
+@pytest.mark.parametrize("delta", [2**64, 1.5, -0.25])
+def test_an_incr_while_the_node_is_out_refuses_a_delta_memcached_would_refuse(
+    server: MemcachedServer, disk_directory: str, delta: Any
+) -> None:
+    # The disk's count follows memcached's rules: an incr must not take a delta while a
+    # node is out that it refuses while the node is up.
+    cache = make_cache(server.location, disk_directory)
+    cache.set("n", 41)
+    landed(cache)
+    server.kill()
+    cache.set("other", 1)  # fails, marks the node out
+    assert node_state(cache, server.location)["state"] == "out"
+    with pytest.raises(InvalidArgumentError):
+        cache.incr("n", delta)
+    with pytest.raises(InvalidArgumentError):
+        asyncio.run(cache.aincr("n", delta))
+    assert cache.get("n") == 41
+    assert cache.incr("n") == 42
 
 
 def test_the_journal_survives_a_process_restart(
@@ -1039,6 +1144,9 @@ def test_a_clear_while_a_node_is_out_flushes_it_before_it_is_back(
     assert raw.get(cache.wire_key("a")) is None
     assert raw.get(cache.wire_key("b")) is None
     assert cache.get_many(["a", "b"]) == {}
+    stats = cache.tier_stats()
+    assert stats is not None
+    assert (stats["replays"], stats["replayed_keys"]) == (1, 0)  # flushed, no key deleted
 
 
 def test_incr_while_a_node_is_out_keeps_the_ttl_on_disk(
