@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from .backends.options import parse_options
@@ -38,6 +39,13 @@ def _bad_location_type(alias: str, location: object) -> Error:
     )
 
 
+def _secret_key() -> str:
+    try:
+        return str(settings.SECRET_KEY or "")
+    except ImproperlyConfigured:  # (Django refuses an empty one on first read)
+        return ""
+
+
 @register(Tags.caches)
 def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
@@ -49,7 +57,7 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
             messages.append(
                 Error(f"CACHES[{alias!r}]: {problem.message}", hint=problem.hint, id=problem.id)
             )
-        location = config.get("LOCATION") or ""
+        location = config.get("LOCATION", "")
         servers: list[str] = []
         try:
             servers = parse_locations(location)
@@ -65,11 +73,33 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
         except (ConfigurationError, TypeError):
             messages.append(_bad_location_type(alias, location))
             continue
+        seen: dict[str, str] = {}  # node id -> the address that named it first
         for server in servers:
             try:
-                parse_address(server)
+                node_id = parse_address(server).node_id
             except ConfigurationError as exc:
                 messages.append(Error(f"CACHES[{alias!r}]: {exc}", id="django_fastcache.E012"))
+                continue
+            if node_id in seen:
+                messages.append(
+                    Error(
+                        f"CACHES[{alias!r}]: LOCATION names the node {node_id} twice"
+                        f" ({seen[node_id]!r} and {server!r}).",
+                        hint="Name each memcached node once.",
+                        id="django_fastcache.E012",
+                    )
+                )
+            seen.setdefault(node_id, server)
+        if options.sign_values and options.signing_key is None and not _secret_key():
+            messages.append(
+                Error(
+                    f"CACHES[{alias!r}]: values are sealed with a key from SECRET_KEY,"
+                    " which is empty.",
+                    hint="Set SECRET_KEY, or the signing_key option (or sign_values: False,"
+                    " at the risk docs/security.md describes).",
+                    id="django_fastcache.E021",
+                )
+            )
         if options.disk_tier:
             directory = options.disk_directory or default_directory(servers)
             reason = unsafe_reason(directory)

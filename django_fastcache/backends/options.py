@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import pickle
 import ssl as _ssl
 from collections.abc import Callable, Mapping
@@ -414,11 +415,29 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
             )
         )
         raw.pop("disk_eviction_policy")
-    if "disk_directory" in raw and not (
-        raw["disk_directory"] is None or isinstance(raw["disk_directory"], str)
-    ):
-        problems.append(
-            OptionProblem("django_fastcache.E013", "disk_directory must be a path string.")
-        )
-        raw.pop("disk_directory")
+    if raw.get("disk_directory") is not None:
+        directory = _absolute_path(raw["disk_directory"])
+        if directory is None:
+            problems.append(
+                OptionProblem(
+                    "django_fastcache.E013",
+                    "disk_directory must be an absolute path (a str or a path object), got"
+                    f" {raw['disk_directory']!r}: a relative one would be taken from each"
+                    " process's working directory, and processes started from different"
+                    " directories would keep disk tiers of their own, each answering"
+                    " memcached's misses with values the others overwrote. Use, say,"
+                    ' BASE_DIR / "fastcache".',
+                )
+            )
+            raw.pop("disk_directory")
+        else:
+            raw["disk_directory"] = directory
     return FastCacheOptions(**raw), problems
+
+
+def _absolute_path(value: object) -> str | None:
+    """``value`` as an absolute path string, or None when it is not one."""
+    if not isinstance(value, (str, os.PathLike)):
+        return None
+    path = os.fspath(value)
+    return path if isinstance(path, str) and os.path.isabs(path) else None

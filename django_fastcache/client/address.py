@@ -185,16 +185,22 @@ def parse_locations(location: str | Sequence[str]) -> list[str]:
 
     As in Django's memcached backends, a string is split on ``;`` or ``,``; the pieces are
     stripped and empty ones dropped. A list or tuple is taken as is. A ``LOCATION`` that
-    names no server at all (``""``, ``[]``, ``" ; "``) is a :class:`NoServerError`.
+    names no server at all (``""``, ``[]``, ``" ; "``, ``None``) is a
+    :class:`NoServerError`; one of another type (a set or a dict, whose order is not the
+    one written, among them) a :class:`TypeError`.
     """
+    if location is None:
+        raise NoServerError
     if isinstance(location, str):
         pieces = (piece.strip() for piece in re.split(r"[;,]", location))
         servers = [piece for piece in pieces if piece]
-    else:
+    elif isinstance(location, (list, tuple)):
         servers = list(location)
         for server in servers:
             if not isinstance(server, str):
                 raise ConfigurationError(f"server addresses must be strings, got {server!r}")
+    else:
+        raise TypeError(f"a string or a list of strings, got {location!r}")
     if not servers:
         raise NoServerError
     return servers

@@ -14,6 +14,7 @@ from django.test import override_settings
 from django_fastcache.backends import FastCache
 from django_fastcache.checks import check_fastcache_settings
 from django_fastcache.disk.location import default_directory
+from django_fastcache.errors import ConfigurationError
 from django_fastcache.testing.servers import free_port
 
 BACKEND = "django_fastcache.backends.FastCache"
@@ -167,11 +168,56 @@ def test_each_bad_address_is_e012(location: Any, bad: list[str]) -> None:
         assert message.msg.startswith("CACHES['default']: ")
 
 
-@pytest.mark.parametrize("location", [11211, ["127.0.0.1:11211", 11211], ("a", None)])
+@pytest.mark.parametrize(
+    "location",
+    [
+        11211,
+        ["127.0.0.1:11211", 11211],
+        ("a", None),
+        0,
+        False,
+        # Their order is not the one written (a set's changes with each process's hash seed).
+        {"127.0.0.1:11211", "127.0.0.1:11212"},
+        {"127.0.0.1:11211": 1},
+    ],
+)
 def test_location_of_the_wrong_type_is_e012_not_a_crash(location: Any) -> None:
     messages = run({"default": {"BACKEND": BACKEND, "LOCATION": location}})
     assert ids(messages) == ["django_fastcache.E012"]
     assert "LOCATION must be a string or a list of strings" in messages[0].msg
+    with pytest.raises(ImproperlyConfigured, match="LOCATION"):
+        FastCache(location, {}).get("k")
+
+
+@pytest.mark.parametrize(
+    "location", [["127.0.0.1:11211", "127.0.0.1:11211"], "127.0.0.1:11211; 127.0.0.1:11211"]
+)
+def test_a_node_named_twice_is_e012(location: Any) -> None:
+    # The backend refuses it on first use (duplicate nodes): the check says so first.
+    messages = run({"default": {"BACKEND": BACKEND, "LOCATION": location}})
+    assert ids(messages) == ["django_fastcache.E012"]
+    assert "twice" in messages[0].msg
+    with pytest.raises(ConfigurationError, match="duplicate nodes"):
+        FastCache(location, {}).get("k")
+
+
+@pytest.mark.parametrize("options", [{}, {"sign_values": True}])
+def test_an_empty_secret_key_with_sealing_on_is_e021(options: dict[str, Any]) -> None:
+    caches = {"default": {"BACKEND": BACKEND, "LOCATION": GOOD, "OPTIONS": options}}
+    with override_settings(SECRET_KEY=""):
+        assert ids(run(caches)) == ["django_fastcache.E021"]
+        # Not with a key of its own, or with sealing off.
+        for fine in ({"signing_key": "k"}, {"sign_values": False}):
+            caches["default"]["OPTIONS"] = fine
+            assert ids(run(caches)) == []
+
+
+def test_a_location_of_none_is_missing_e011() -> None:
+    assert ids(run({"default": {"BACKEND": BACKEND, "LOCATION": None}})) == [
+        "django_fastcache.E011"
+    ]
+    with pytest.raises(ImproperlyConfigured, match="names no memcached server"):
+        FastCache(None, {}).get("k")
 
 
 def test_subclasses_of_fastcache_are_checked() -> None:

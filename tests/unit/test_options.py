@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import pickle
 import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,7 +67,7 @@ GOOD_VALUES: dict[str, list[Any]] = {
     "latency_metrics": [True, False],
     "signing_key": [None, "a secret of its own"],
     "disk_tier": [True, False],
-    "disk_directory": [None, "/var/cache/site", "relative/dir"],
+    "disk_directory": [None, "/var/cache/site", "/srv/cache/site"],
     "disk_shards": [1, 8, 64],
     "disk_size_limit": [1, 10 * 1024**3],
     "disk_eviction_policy": [
@@ -294,11 +295,25 @@ def test_disk_eviction_policy_must_be_a_known_name_e010(value: Any) -> None:
     assert options.disk_eviction_policy == "least-recently-stored"
 
 
-@pytest.mark.parametrize("value", [1, b"/var/cache", ["/var/cache"], True])
-def test_disk_directory_must_be_a_path_string_e013(value: Any) -> None:
+@pytest.mark.parametrize(
+    "value",
+    [1, b"/var/cache", ["/var/cache"], True, "cache", "./cache", Path("cache"), "~/cache", ""],
+)
+def test_disk_directory_must_be_an_absolute_path_e013(value: Any) -> None:
+    # A relative directory would be each process's working directory's: processes started
+    # from different ones would keep disk tiers of their own.
     options, problems = parse_options({"disk_directory": value})
     assert ids(problems) == ["django_fastcache.E013"]
+    assert "absolute path" in problems[0].message
     assert options.disk_directory is None
+
+
+@pytest.mark.parametrize("value", ["/var/cache/site", Path("/var/cache/site")])
+def test_disk_directory_may_be_a_path_object_and_is_kept_as_a_string(value: Any) -> None:
+    options, problems = parse_options({"disk_directory": value})
+    assert problems == []
+    assert options.disk_directory == "/var/cache/site"
+    assert hash(options) == hash(parse_options({"disk_directory": "/var/cache/site"})[0])
 
 
 @pytest.mark.parametrize(
@@ -413,6 +428,15 @@ def test_backend_message_lists_every_problem() -> None:
     with pytest.raises(ImproperlyConfigured) as caught:
         cache.has_key("k")
     assert "'bogus'" in str(caught.value)
+    assert "compress_level" in str(caught.value)
+
+
+@pytest.mark.parametrize("location", [11211, ""])
+def test_backend_message_lists_a_bad_location_with_bad_options(location: Any) -> None:
+    cache = FastCache(location, {"OPTIONS": {"compress_level": 0}})
+    with pytest.raises(ImproperlyConfigured) as caught:
+        cache.get("k")
+    assert "Bad FastCache LOCATION" in str(caught.value)
     assert "compress_level" in str(caught.value)
 
 
