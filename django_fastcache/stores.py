@@ -83,9 +83,9 @@ class MemcachedStore:
         await client.delete_many(keys)
 
     async def incr(self, client: CommandSet, key: bytes, delta: int) -> int | None:
-        if delta < 0:
+        if type(delta) is int and delta < 0:
             return await client.decr(key, -delta)
-        return await client.incr(key, delta)
+        return await client.incr(key, delta)  # (not an int: refused there)
 
     async def clear(self, client: CommandSet) -> None:
         await client.flush_all()

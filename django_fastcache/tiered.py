@@ -479,6 +479,7 @@ class TieredStore:
                 if not self.states.is_out(node):
                     return False, None
                 Journal.record(connection, self.cluster.node_ids[node], keys)
+                self._journaled_in(node)
                 try:
                     result = disk_write()
                 except DiskError as exc:
@@ -499,6 +500,51 @@ class TieredStore:
             self._distrust(keys, failure)
             raise failure
         return True, result
+
+    def _journaled_in(self, node: int) -> None:
+        """Within a journal transaction that journaled keys of ``node`` (out): record the
+        journal they went to in the node's state. Another journal there already means one
+        removed since with keys of this outage, which no process carried over: the node is
+        flushed whole at its replay."""
+        journal_id = self.journal.id
+        recorded = self.states.journal_of(node)
+        if recorded != journal_id:
+            if recorded:
+                self.states.must_flush(node)
+            self.states.journaled_in(node, journal_id)
+
+    def recover_lost_states(self) -> None:
+        """Called once the store is set up: a node whose state page this process made (its
+        file was missing or truncated, say by a cleaner while no process ran) may have been
+        out, with writes of its outage journaled; read as up, it would serve the values
+        they replaced. A node the journal names is marked out again, for its replay. When
+        the journal cannot be read, those nodes go out to be flushed whole."""
+        made = self.states.made
+        if not made:
+            return
+        try:
+            with self.journal.transaction() as connection:
+                for node in made:
+                    node_id = self.cluster.node_ids[node]
+                    if not self.states.is_out(node) and Journal.keys(connection, node_id):
+                        self.states.mark_out(node)
+                        self.states.journaled_in(node, self.journal.id)
+                        logger.warning(
+                            "memcached node %s: its state in %s was lost while its outage "
+                            "journal names keys; it is out until they are replayed",
+                            node_id,
+                            self.directory,
+                        )
+        except DiskError as exc:
+            for node in made:
+                self.states.must_flush(node)
+                self.states.mark_out(node)
+            logger.warning(
+                "the disk tier's node states at %s were made again, and its outage journal "
+                "cannot be read (%s): its nodes are out until they are flushed whole",
+                self.directory,
+                _describe(exc),
+            )
 
     # -- reads ---------------------------------------------------------------------------
     def get_now(self, key: bytes) -> tuple[bytes, int] | None:
@@ -1659,7 +1705,10 @@ class TieredStore:
                     return None
                 keys = Journal.keys(connection, node_id)
                 unjournaled = self.states.flush_needed(node)
-                if FLUSH_MARK in keys or unjournaled:
+                # The outage's writes went to a journal removed since, which no process
+                # carried over: what it named is lost.
+                lost = self.states.journal_of(node) not in (0, self.journal.id)
+                if FLUSH_MARK in keys or unjournaled or lost:
                     self.states.flushed(node)  # (first: a request made meanwhile stays)
                     try:
                         run_blocking(self.blocking.flush_all(nodes=[node]))
@@ -1714,13 +1763,15 @@ class TieredStore:
                 if FLUSH_MARK in keys
                 else "flushed it, as a write made while it was out could not be journaled"
                 if unjournaled
+                else "flushed it, as the outage journal its writes went to was removed"
+                if lost
                 else f"replayed {len(keys)} journaled key(s) as deletes",
             )
         self.last_probe_error.pop(node, None)
         self.metrics.replays += 1
         # Keys deleted one by one: none where the node was flushed whole instead (the
         # journal then holds the flush's mark, or keys it did not need to delete).
-        replayed = 0 if not keys or FLUSH_MARK in keys or unjournaled else len(keys)
+        replayed = 0 if not keys or FLUSH_MARK in keys or unjournaled or lost else len(keys)
         self.metrics.replayed_keys += replayed
         return replayed
 

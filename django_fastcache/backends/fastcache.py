@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import re
 import threading
@@ -43,6 +44,7 @@ from ..disk.location import prepare as prepare_directory
 from ..errors import (
     ClientError,
     ConfigurationError,
+    InvalidArgumentError,
     NetworkError,
     NonIntegerValueError,
     ValueRefusedError,
@@ -170,7 +172,19 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
     except OSError as exc:  # the directory refused, or its write stamps not to be had
         raise ImproperlyConfigured(f"FastCache disk tier: {exc}") from exc
     maintenance.register(tiered)
+    # Node states made by this process (their files lost): out again where the journal
+    # names keys, before the first request reads them as up.
+    tiered.recover_lost_states()
+    if tiered.states.any_out():
+        maintenance.node_went_out()  # probed from now on
     return Shared(client, blocking, tiered, tiered)
+
+
+def _delta(delta: Any) -> int:
+    """``decr``'s delta, to be negated: an int (not a bool), else refused as ``incr``'s."""
+    if type(delta) is not int:
+        raise InvalidArgumentError(f"delta must be an int, got {type(delta).__name__}")
+    return delta
 
 
 def _announce_node_event(event: NodeEvent) -> None:
@@ -384,7 +398,12 @@ class FastCache(BaseCache):
             if self._default_ttl is not None:
                 return self._default_ttl
             timeout = self.default_timeout
-        assert timeout is None or isinstance(timeout, (int, float))
+        if timeout is not None and not (
+            isinstance(timeout, (int, float)) and not math.isnan(timeout)
+        ):
+            raise InvalidArgumentError(
+                f"timeout must be a number of seconds, or None for no expiry; got {timeout!r}"
+            )
         return seconds_to_live(timeout, time.time())
 
     def get_backend_timeout(self, timeout: float | object | None = DEFAULT_TIMEOUT) -> int:
@@ -580,7 +599,7 @@ class FastCache(BaseCache):
     async def _decr(
         self, client: CommandSet, key: Any, delta: int = 1, version: int | None = None
     ) -> int:
-        return await self._incr(client, key, -delta, version)
+        return await self._incr(client, key, -_delta(delta), version)
 
     async def _has_key(self, client: CommandSet, key: Any, version: int | None = None) -> bool:
         wire = self.wire_key(key, version)
@@ -750,7 +769,7 @@ class FastCache(BaseCache):
         return value
 
     def decr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
-        return self.incr(key, -delta, version)
+        return self.incr(key, -_delta(delta), version)
 
     def has_key(self, key: Any, version: int | None = None) -> bool:
         stack = self._stack or self._shared()

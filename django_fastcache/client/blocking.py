@@ -712,9 +712,10 @@ def count_line(key: bytes, delta: int) -> bytes:
         return b"ma %s D%d v c t\r\n" % (key, delta)
     if type(delta) is int and -_UINT64_MAX <= delta < 0:
         return b"ma %s MD D%d v c t\r\n" % (key, -delta)
-    magnitude = abs(delta)  # (a bool counts as the int it is, as it always has)
+    if type(delta) is not int:  # (a bool too, as the tier-less client refuses it)
+        return meta_arithmetic_command(key, delta=delta, cas=True, return_ttl=True)
     return meta_arithmetic_command(
-        key, mode="decr" if delta < 0 else "incr", delta=magnitude, cas=True, return_ttl=True
+        key, mode="decr" if delta < 0 else "incr", delta=abs(delta), cas=True, return_ttl=True
     )
 
 
@@ -1057,6 +1058,8 @@ class BlockingClient(CommandSet):
                 data = b"decr %s %d\r\n" % (key, -delta)
             else:
                 data = b"incr %s %d\r\n" % (key, delta)
+        elif type(delta) is not int:
+            data = incr_command(key, delta)  # refused: not an int (a bool neither)
         else:
             data = decr_command(key, -delta) if delta < 0 else incr_command(key, delta)
         reply = self.request(self.cluster.node_index(key), data, _ARITHMETIC)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -35,6 +36,12 @@ CREATE TABLE IF NOT EXISTS journal (
 ) WITHOUT ROWID
 """
 
+
+#: The journal's id, drawn by whichever process makes the file: the node states record the
+#: id of the journal an outage's writes went to, so that a replay can tell the journal at
+#: the path from one removed while no process ran to carry it over.
+_ID_SCHEMA = "CREATE TABLE IF NOT EXISTS identity (id INTEGER NOT NULL)"
+_ID_DRAWN = "INSERT INTO identity (id) SELECT ? WHERE NOT EXISTS (SELECT 1 FROM identity)"
 
 #: Journaled in place of a key: "flush the whole node" (the tier's FLUSH_MARK).
 _FLUSH = b""
@@ -78,6 +85,11 @@ class Journal:
         #: And how to ask for a node's flush at its replay (keys of it lost with a
         #: replaced journal that could not be carried over).
         self.must_flush: Callable[[str], None] | None = None
+        #: And how to record, for a node whose keys were carried over, the journal they
+        #: are in now (node id, journal id).
+        self.journaled_in: Callable[[str, int], None] | None = None
+        #: The id of the journal this process's connection opened (0: none open yet).
+        self.id = 0
         #: Run at the start of every transaction, under the journal's lock: how the node
         #: states are made current (files replaced under the process) before a journaled
         #: write or a replay reads them.
@@ -102,6 +114,10 @@ class Journal:
             self._connection, self._pid = connection, os.getpid()
             forkgate.hold(self, connection, shared=True)  # closed only inside the gate
             self._identity = identity
+            try:
+                self.id = int(connection.execute("SELECT id FROM identity").fetchone()[0])
+            except sqlite3.Error as exc:
+                raise DiskError(f"cannot read the outage journal's id: {exc}") from exc
         return connection
 
     def _open_where_it_stays(self) -> tuple[sqlite3.Connection, Identity]:
@@ -224,9 +240,11 @@ class Journal:
         these keys replayed."""
         if self.on_transaction is not None:
             self.on_transaction()
-        if self.mark_out is not None:
-            for node_id in node_ids:
+        for node_id in node_ids:
+            if self.mark_out is not None:
                 self.mark_out(node_id)
+            if self.journaled_in is not None:
+                self.journaled_in(node_id, self.id)  # (the new connection's)
 
     def _flush_at_replay(self, node_ids: set[str]) -> None:
         for node_id in node_ids:
@@ -259,6 +277,11 @@ class Journal:
             connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA synchronous=NORMAL")
             connection.execute(_SCHEMA)
+            connection.execute(_ID_SCHEMA)
+            # Drawn by the open that finds none (a write: not where one is, as a write
+            # would wait for a process holding the journal's lock).
+            if connection.execute("SELECT 1 FROM identity").fetchone() is None:
+                connection.execute(_ID_DRAWN, (random.getrandbits(62) | 1,))
         except BaseException:
             connection.close()
             raise

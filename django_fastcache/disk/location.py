@@ -10,6 +10,7 @@ rename or remove another user's entries. Directories the disk tier creates are m
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -165,7 +166,22 @@ def _can_write(file: str) -> bool:
     return False
 
 
+def _read_only_mount(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # (no statvfs here)
+        return False
+
+
 def _unwritable(directory: str, path: str) -> str:
+    if _read_only_mount(path):
+        return (
+            f"the disk tier directory {directory} is on a read-only file system ({path}); "
+            "its writes would reach memcached only, and processes that opened the directory "
+            "earlier would answer later misses with the values those writes replaced. Fix: "
+            "mount it read-write, or stop the processes using it and give the new ones a "
+            "disk_directory on a writable file system"
+        )
     try:
         mode = f"mode {stat.S_IMODE(os.stat(path).st_mode):04o}, owner uid {os.stat(path).st_uid}"
     except OSError as exc:
@@ -187,8 +203,10 @@ def prepare(directory: str) -> None:
     if reason is None:
         try:
             make_private(directory)
-        except PermissionError:
-            pass  # judged below, with the part that cannot be written named
+        except OSError as exc:
+            if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+                raise
+            # judged below, with the part that cannot be written named
         reason = unsafe_reason(directory) or unwritable_reason(directory)
     if reason is not None:
         raise PermissionError(reason)

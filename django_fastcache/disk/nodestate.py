@@ -55,6 +55,11 @@ _OUTAGES: Final = 8
 #: name every key that changed, and the node's replay flushes it whole instead. A plain
 #: write to memory, like the distrust stamps: it cannot fail when the disk does.
 _FLUSH: Final = 16
+#: In a node's page: the id of the outage journal this outage's writes were journaled in
+#: (0: none yet, or an older process that does not keep it). A replay that finds another
+#: journal at the path, the one they went to having been removed while no process ran to
+#: carry it over, flushes the node whole: the keys it named are lost.
+_JOURNAL: Final = 24
 _COUNT_WORD: Final = _OUTAGES // 8
 #: Where the state byte lies in the page's first uint64, in the host's byte order.
 _STATE_SHIFT: Final = 0 if sys.byteorder == "little" else 56
@@ -67,13 +72,15 @@ _WHOLE_TIER: Final = _SLOTS
 CHECK_INTERVAL = 0.005
 
 
-def _page(path: str) -> tuple[mmap.mmap, tuple[int, int]]:
-    """A page of ``path`` mapped read-write (created zeroed), and the file's (device,
-    inode). OSError when it cannot be had."""
+def _page(path: str) -> tuple[mmap.mmap, tuple[int, int], bool]:
+    """A page of ``path`` mapped read-write (created zeroed), the file's (device, inode),
+    and whether this call made it (or found it short: truncated). OSError when it cannot
+    be had."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         info = os.fstat(fd)
-        if info.st_size < mmap.PAGESIZE:
+        made = info.st_size < mmap.PAGESIZE
+        if made:
             # Blocks allocated now, not on the first write to the mapping: a full disk
             # then would kill the process with SIGBUS.
             try:
@@ -82,7 +89,7 @@ def _page(path: str) -> tuple[mmap.mmap, tuple[int, int]]:
                 if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                     raise
                 os.ftruncate(fd, mmap.PAGESIZE)
-        return mmap.mmap(fd, mmap.PAGESIZE), (info.st_dev, info.st_ino)
+        return mmap.mmap(fd, mmap.PAGESIZE), (info.st_dev, info.st_ino), made
     finally:
         os.close(fd)
 
@@ -118,6 +125,10 @@ class NodeStates:
         self.reopened = 0
         #: ``time.monotonic()`` from which :meth:`trusts` checks the files again.
         self._next_check = 0.0
+        #: The nodes whose pages this process made (the files were missing or truncated):
+        #: what they held is unknown, and the tier asks the journal (see
+        #: :meth:`TieredStore.recover_lost_states`).
+        self.made: tuple[int, ...] = ()
         self._maps, self._node_identities, self._stamps, self._identity = self._open_all()
         #: Each node's page as uint64s: what :meth:`epoch` reads, twice per request.
         self._words = [memoryview(page).cast("Q") for page in self._maps]
@@ -131,13 +142,16 @@ class NodeStates:
         pages, then the distrust page."""
         opened: list[mmap.mmap] = []
         identities: list[tuple[int, int]] = []
+        made: list[int] = []
         try:
             make_private(self.directory)  # 0700, parents too (the tier's may be gone)
-            for path in self._paths:
-                page, node_identity = _page(path)
+            for node, path in enumerate(self._paths):
+                page, node_identity, new = _page(path)
                 opened.append(page)
                 identities.append(node_identity)
-            stamps, identity = _page(self._stamps_path)
+                if new:
+                    made.append(node)
+            stamps, identity, _new = _page(self._stamps_path)
         except OSError as exc:
             for page in opened:
                 page.close()
@@ -147,6 +161,7 @@ class NodeStates:
                 f"the disk tier's node states at {self.directory} cannot be mapped "
                 f"({where}: {exc.strerror or exc}); every process on the host must share them",
             ) from exc
+        self.made = tuple(made)
         return opened, identities, stamps, identity
 
     # -- the files under the processes -------------------------------------------------------
@@ -182,6 +197,9 @@ class NodeStates:
         for old, new in zip(old_maps, maps):
             if old[_FLUSH]:
                 new[_FLUSH] = 1
+            journal: int = _COUNT.unpack_from(old, _JOURNAL)[0]
+            if journal and not _COUNT.unpack_from(new, _JOURNAL)[0]:
+                _COUNT.pack_into(new, _JOURNAL, journal)
             if old[0] == _OUT:
                 # And its count: a replay that probed before the move must not take the
                 # new page's count for another outage. Unless the node was up there with
@@ -252,7 +270,22 @@ class NodeStates:
         return outages << 1 | state
 
     def mark_up(self, node: int) -> None:
-        self._maps[node][0] = _UP
+        """``node`` serves again (its journal replayed, or the node flushed whole)."""
+        page = self._maps[node]
+        _COUNT.pack_into(page, _JOURNAL, 0)
+        page[0] = _UP
+
+    def journal_of(self, node: int) -> int:
+        """The id of the outage journal ``node``'s writes of this outage went to (0: none
+        yet)."""
+        return int(_COUNT.unpack_from(self._maps[node], _JOURNAL)[0])
+
+    def journaled_in(self, node: int, journal_id: int) -> None:
+        _COUNT.pack_into(self._maps[node], _JOURNAL, journal_id)
+
+    def journaled_in_by_id(self, node_id: str, journal_id: int) -> None:
+        if node_id in self.node_ids:
+            self.journaled_in(self.node_ids.index(node_id), journal_id)
 
     def must_flush(self, node: int) -> None:
         """A key of ``node`` changed while it was out, and the journal could not take it:

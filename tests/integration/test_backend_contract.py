@@ -30,7 +30,7 @@ from django.db import close_old_connections
 from django.test import override_settings
 
 from django_fastcache.backends import FastCache
-from django_fastcache.errors import FastCacheError, ValueTooLargeError
+from django_fastcache.errors import FastCacheError, InvalidArgumentError, ValueTooLargeError
 from django_fastcache.testing.servers import MemcachedServer, free_port
 from tests.conftest import MEMCACHED_ONLY
 
@@ -336,6 +336,46 @@ def test_async_incr_decr_of_a_missing_key_raise_value_error(
         assert await cache.aget("missing", "absent") == "absent"
 
     arun(cache, work)
+
+
+BAD_DELTAS = ["1", None, True, 1.5, float("nan"), 2**64, -(2**64)]
+
+
+@pytest.mark.parametrize("delta", BAD_DELTAS)
+@pytest.mark.parametrize("operation", ["incr", "decr", "aincr", "adecr"])
+def test_a_delta_that_is_not_an_int_memcached_counts_by_is_refused_alike(
+    cache: FastCache, operation: str, delta: Any
+) -> None:
+    # The same typed error with the tier on or off, sync or async, and the count untouched.
+    cache.set("n", 5)
+    method = getattr(cache, operation)
+    if operation.startswith("a"):
+        call: Callable[[], Any] = lambda: arun(cache, lambda: method("n", delta))  # noqa: E731
+    else:
+        call = lambda: method("n", delta)  # noqa: E731
+    with pytest.raises(InvalidArgumentError, match="delta must be"):
+        call()
+    assert cache.get("n") == 5
+
+
+@pytest.mark.parametrize("timeout", ["5", float("nan"), [1], b"5"])
+@pytest.mark.parametrize("operation", ["set", "add", "touch", "set_many", "aset", "atouch"])
+def test_a_timeout_that_is_not_a_number_is_refused(
+    cache: FastCache, operation: str, timeout: Any
+) -> None:
+    cache.set("k", "old")
+    calls: dict[str, Callable[[], Any]] = {
+        "set": lambda: cache.set("k", "new", timeout),
+        "add": lambda: cache.add("other", "new", timeout),
+        "touch": lambda: cache.touch("k", timeout),
+        "set_many": lambda: cache.set_many({"k": "new"}, timeout),
+        "aset": lambda: arun(cache, lambda: cache.aset("k", "new", timeout)),
+        "atouch": lambda: arun(cache, lambda: cache.atouch("k", timeout)),
+    }
+    with pytest.raises(InvalidArgumentError, match="timeout must be a number of seconds"):
+        calls[operation]()
+    assert cache.get("k") == "old"
+    assert cache.get("other") is None
 
 
 def test_incr_is_atomic_across_threads(cache: FastCache) -> None:

@@ -385,8 +385,6 @@ def test_meta_line_answers_one_command_built_by_its_caller(
         (2**64 - 1, b"ma n D18446744073709551615 v c t\r\n"),
         (-1, b"ma n MD D1 v c t\r\n"),
         (-(2**64 - 1), b"ma n MD D18446744073709551615 v c t\r\n"),
-        # A bool: meta_arithmetic's own request, of the int it is (D1 left out).
-        (True, b"ma n v c t\r\n"),
     ],
 )
 def test_count_line_asks_for_the_value_cas_and_ttl(delta: int, line: bytes) -> None:
@@ -399,7 +397,8 @@ def test_count_line_asks_for_the_value_cas_and_ttl(delta: int, line: bytes) -> N
         (2**64, InvalidArgumentError, "between 0 and"),
         (-(2**64), InvalidArgumentError, "between 0 and"),
         (1.5, InvalidArgumentError, "must be an int"),
-        ("1", TypeError, ""),
+        ("1", InvalidArgumentError, "must be an int"),
+        (True, InvalidArgumentError, "must be an int, got bool"),
     ],
 )
 def test_count_line_refuses_a_delta_as_meta_arithmetic_does(

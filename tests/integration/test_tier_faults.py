@@ -424,6 +424,59 @@ def test_journal_files_removed_between_outages(
     )
 
 
+def _lose(paths: list[str], how: str) -> None:
+    for path in paths:
+        if how == "removed":
+            os.unlink(path)
+        else:
+            os.truncate(path, 0)
+
+
+@pytest.mark.parametrize("how", ["removed", "truncated"])
+@pytest.mark.parametrize("files", ["journal", "node states"])
+def test_outage_files_lost_while_no_process_runs(
+    server: MemcachedServer, disk_directory: str, files: str, how: str
+) -> None:
+    """A process journals a write during a hang and exits; a cleaner (or a deploy) then
+    removes or truncates the journal, or the node states, while no process runs; memcached,
+    which kept its values through the hang, runs again. The next process must not serve
+    the value the journaled write replaced: a replay it cannot trust flushes the node, and
+    a node whose state was lost while the journal names keys goes out for their replay."""
+    _in_new_process(server.location, disk_directory, {"key": "before"}, [])
+    server.pause()
+    try:
+        _in_new_process(server.location, disk_directory, {"key": "during"}, [], hung=True)
+    finally:
+        server.resume()
+    if files == "journal":
+        names = [n for n in os.listdir(disk_directory) if n.startswith("journal")]
+        _lose([os.path.join(disk_directory, n) for n in names], how)
+    else:
+        nodes = os.path.join(disk_directory, "nodes")
+        _lose([os.path.join(nodes, n) for n in os.listdir(nodes) if n != "distrust.state"], how)
+    read = _in_new_process(server.location, disk_directory, {}, ["key"], until_up=True)
+    assert read == {"key": "during"}
+
+
+def test_writes_journaled_after_the_journal_was_lost_still_flush_the_node(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """The journal is lost between two processes of one outage, and the second journals
+    writes of its own in a new one: replaying those alone would leave the first's keys
+    with their older values in memcached. The node is flushed whole instead."""
+    _in_new_process(server.location, disk_directory, {"key": "before", "other": "before"}, [])
+    server.pause()
+    try:
+        _in_new_process(server.location, disk_directory, {"key": "during"}, [], hung=True)
+        names = [n for n in os.listdir(disk_directory) if n.startswith("journal")]
+        _lose([os.path.join(disk_directory, n) for n in names], "removed")
+        _in_new_process(server.location, disk_directory, {"other": "during"}, [], hung=True)
+    finally:
+        server.resume()
+    read = _in_new_process(server.location, disk_directory, {}, ["key", "other"], until_up=True)
+    assert read == {"key": "during", "other": "during"}
+
+
 def test_directory_deleted_and_made_again_by_a_process_started_later(
     server: MemcachedServer, disk_directory: str
 ) -> None:

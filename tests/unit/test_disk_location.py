@@ -7,7 +7,10 @@ chmod; the permission bits are judged, not what root happens to be allowed to do
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,3 +204,34 @@ def test_a_file_this_process_cannot_write_is_named(
         prepare(str(target))
     assert str(target / "cache.db") in str(refused.value)
     assert "chmod -R u+rwX" in str(refused.value)
+
+
+@contextlib.contextmanager
+def _read_only_mount(path: Path) -> Iterator[Path]:
+    """A small tmpfs at ``path``, mounted read-only (root only: skipped otherwise)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a file system needs root and mount(8)")
+    path.mkdir(mode=0o700)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        (path / "tier").mkdir(mode=0o700)
+        subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.mark.parametrize("directory", ["tier", "tier/not-made-yet"])
+def test_a_directory_on_a_read_only_file_system_is_refused_naming_it(
+    parent: Path, directory: str
+) -> None:
+    # chmod cannot help there: the message says what can.
+    with _read_only_mount(parent / "mount") as mount, pytest.raises(PermissionError) as caught:
+        prepare(str(mount / directory))
+    assert "read-only file system" in str(caught.value)
+    assert "mount it read-write" in str(caught.value)

@@ -86,3 +86,22 @@ def test_a_journal_whose_wal_and_index_were_removed_is_found_replaced(tmp_path: 
         assert sorted(Journal.keys(connection, "node")) == [b"key", b"second"]
     for each in (journal, other):
         each.close()
+
+
+def test_a_journal_has_an_id_of_its_own_file(tmp_path: Path) -> None:
+    # What a node's state records of the journal its outage's writes went to.
+    path = str(tmp_path / "journal.sqlite3")
+    first, second = Journal(path), Journal(path)
+    try:
+        assert first.length() == second.length() == 0  # (opened)
+        assert first.id == second.id != 0
+        first.close()
+        second.close()
+        remove_journal_files(tmp_path)
+        again = Journal(path)
+        again.length()
+        assert again.id not in (0, first.id)
+        again.close()
+    finally:
+        first.close()
+        second.close()

@@ -74,6 +74,36 @@ def test_a_flush_asked_for_is_shared_and_carried_to_the_new_files(tmp_path: Path
     assert not NodeStates(str(tmp_path), NODES).flush_needed(0)
 
 
+def test_the_journal_of_an_outage_is_shared_carried_to_new_files_and_forgotten_once_up(
+    tmp_path: Path,
+) -> None:
+    a, b = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
+    assert a.journal_of(0) == 0
+    a.mark_out(0)
+    a.journaled_in(0, 77)
+    assert b.journal_of(0) == 77
+    _remove_files(tmp_path)
+    b.reopen(time.time())
+    assert NodeStates(str(tmp_path), NODES).journal_of(0) == 77
+    b.mark_up(0)
+    assert NodeStates(str(tmp_path), NODES).journal_of(0) == 0
+
+
+@pytest.mark.parametrize("lost", ["removed", "truncated"])
+def test_states_made_by_this_process_are_told_apart(tmp_path: Path, lost: str) -> None:
+    # What the tier asks the journal about (a node's page lost while no process ran).
+    assert NodeStates(str(tmp_path), NODES).made == tuple(range(len(NODES)))
+    assert NodeStates(str(tmp_path), NODES).made == ()
+    page = next(p for p in tmp_path.iterdir() if p.name != "distrust.state")
+    if lost == "removed":
+        page.unlink()
+    else:
+        os.truncate(page, 0)
+    states = NodeStates(str(tmp_path), NODES)
+    assert len(states.made) == 1
+    assert not states.is_out(states.made[0])
+
+
 def test_a_node_out_carried_onto_files_where_it_was_up_goes_out_anew(tmp_path: Path) -> None:
     # A moves first and brings the node back there; B, still on the removed files where it
     # is out, moves next. The node goes out again with a count of its own: an epoch read
