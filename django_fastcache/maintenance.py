@@ -71,8 +71,8 @@ class Maintenance:
         store.journal.node_ids = tuple(store.cluster.node_ids)
         store.journal.mark_out = lambda node_id: store.states.mark_out_by_id(node_id)
         store.journal.must_flush = lambda node_id: store.states.must_flush_by_id(node_id)
-        store.journal.journaled_in = lambda node_id, journal_id: store.states.journaled_in_by_id(
-            node_id, journal_id
+        store.journal.journaled_in = lambda node_id, journal_id, carried_from: (
+            store.states.journaled_in_by_id(node_id, journal_id, carried_from)
         )
         # And a journaled write or a replay reads the directory's node states, not files
         # removed under the process: a replay marking up a removed file, or a write

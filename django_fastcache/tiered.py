@@ -40,6 +40,7 @@ import contextlib
 import functools
 import math
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -506,25 +507,22 @@ class TieredStore:
         journal they went to in the node's state. Another journal there already means one
         removed since with keys of this outage, which no process carried over: the node is
         flushed whole at its replay."""
-        journal_id = self.journal.id
-        recorded = self.states.journal_of(node)
-        if recorded != journal_id:
-            if recorded:
-                self.states.must_flush(node)
-            self.states.journaled_in(node, journal_id)
+        self.states.journaled_in(node, self.journal.id)
 
     def recover_lost_states(self) -> None:
-        """Called once the store is set up: a node whose state page this process made (its
-        file was missing or truncated, say by a cleaner while no process ran) may have been
-        out, with writes of its outage journaled; read as up, it would serve the values
-        they replaced. A node the journal names is marked out again, for its replay. When
-        the journal cannot be read, those nodes go out to be flushed whole."""
-        made = self.states.made
-        if not made:
+        """Called once the store is set up, before it serves: a node whose state page no
+        process has checked yet (made again, its file missing or truncated, say by a
+        cleaner while no process ran) may have been out, with writes of its outage
+        journaled; read as up, it would serve the values they replaced. A node the journal
+        names keys of is marked out again, for its replay; when the journal cannot be
+        read, such nodes go out to be flushed whole. Every process starting meets an
+        unchecked page this way, the one that made it or not, until one has checked it."""
+        unchecked = self.states.unchecked()
+        if not unchecked:
             return
         try:
             with self.journal.transaction() as connection:
-                for node in made:
+                for node in unchecked:
                     node_id = self.cluster.node_ids[node]
                     if not self.states.is_out(node) and Journal.keys(connection, node_id):
                         self.states.mark_out(node)
@@ -535,10 +533,12 @@ class TieredStore:
                             node_id,
                             self.directory,
                         )
-        except DiskError as exc:
-            for node in made:
+                    self.states.checked(node)
+        except (DiskError, sqlite3.Error) as exc:
+            for node in unchecked:
                 self.states.must_flush(node)
                 self.states.mark_out(node)
+                self.states.checked(node)  # (the flush asked for stands in the page)
             logger.warning(
                 "the disk tier's node states at %s were made again, and its outage journal "
                 "cannot be read (%s): its nodes are out until they are flushed whole",
@@ -687,25 +687,16 @@ class TieredStore:
             (out if epoch & 1 else up).append(key)
         found: dict[bytes, tuple[bytes, int]] = {}
         if up:
-            try:
-                items = await client.get_many(up)
-            except LocalResourceError as exc:
-                # This process's own trouble (a busy pool, no descriptors): asked again key
-                # by key, each would wait as long again. The disk tier answers them all.
-                # (Of one node, which the error names: not necessarily the first key's.)
-                self._local_failure(None, exc, read=True)
-                out += up
-                items = {}
-                up = []
-            except FastCacheError as exc:
-                if not isinstance(exc, NODE_FAILURES) and refusal_error(exc, "") is None:
-                    raise
-                # Some node failed: settle each key on its own (marking nodes out as needed).
-                for key in keys:
-                    value = await self.get(client, key)
-                    if value is not None:
-                        found[key] = value
-                return found
+            items, failures = await client.get_many_by_node(up)
+            if failures:
+                # A node that failed is marked out (as a get's failure marks it), or, for
+                # this process's own trouble (a busy pool, no descriptors), left alone:
+                # either way the disk tier answers its keys, and the other nodes' answers
+                # stand (asking them again, key by key, waited a timeout per hung node).
+                for node, exc in failures.items():
+                    self._memcached_failed(node, exc, read=True)  # (raises what is neither)
+                out += [key for key in up if self.cluster.node_index(key) in failures]
+                up = [key for key in up if self.cluster.node_index(key) not in failures]
             moved = {node for node, epoch in epochs.items() if self.went_out(node, epoch)}
             for key in up:
                 item = items.get(key)

@@ -181,7 +181,8 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
 
 
 def _delta(delta: Any) -> int:
-    """``decr``'s delta, to be negated: an int (not a bool), else refused as ``incr``'s."""
+    """An ``incr``/``decr`` delta: an int (not a bool), else refused as the protocol's
+    encoders refuse it (a delta beyond what memcached counts by is refused there)."""
     if type(delta) is not int:
         raise InvalidArgumentError(f"delta must be an int, got {type(delta).__name__}")
     return delta
@@ -599,7 +600,7 @@ class FastCache(BaseCache):
     async def _decr(
         self, client: CommandSet, key: Any, delta: int = 1, version: int | None = None
     ) -> int:
-        return await self._incr(client, key, -_delta(delta), version)
+        return await self._incr(client, key, -delta, version)
 
     async def _has_key(self, client: CommandSet, key: Any, version: int | None = None) -> bool:
         wire = self.wire_key(key, version)
@@ -747,7 +748,10 @@ class FastCache(BaseCache):
     def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         run_blocking(self._delete_many(self.blocking_client, keys, version))
 
-    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+    # (delta: Any, checked here: compiled, an argument typed int refuses anything else
+    # with a TypeError before the body runs.)
+    def incr(self, key: Any, delta: Any = 1, version: int | None = None) -> int:
+        delta = _delta(delta)
         stack = self._stack or self._shared()
         tiered = stack.tiered
         if tiered is None and not stack.flat:
@@ -768,7 +772,7 @@ class FastCache(BaseCache):
             raise _not_found(wire)
         return value
 
-    def decr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+    def decr(self, key: Any, delta: Any = 1, version: int | None = None) -> int:
         return self.incr(key, -_delta(delta), version)
 
     def has_key(self, key: Any, version: int | None = None) -> bool:
@@ -886,11 +890,11 @@ class FastCache(BaseCache):
     async def adelete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         await self._delete_many(self.client, keys, version)
 
-    async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
-        return await self._incr(self.client, key, delta, version)
+    async def aincr(self, key: Any, delta: Any = 1, version: int | None = None) -> int:
+        return await self._incr(self.client, key, _delta(delta), version)
 
-    async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> int:
-        return await self._decr(self.client, key, delta, version)
+    async def adecr(self, key: Any, delta: Any = 1, version: int | None = None) -> int:
+        return await self._decr(self.client, key, _delta(delta), version)
 
     async def ahas_key(self, key: Any, version: int | None = None) -> bool:
         return await self._has_key(self.client, key, version)

@@ -701,8 +701,6 @@ def connect(address: Address, settings: ClientSettings, connect_timeout: float
     return connection
 
 
-# Compiled, it may still be subclassed from Python (tests, wrappers).
-@mypyc_attr(allow_interpreted_subclasses=True)
 def count_line(key: bytes, delta: int) -> bytes:
     """The ``ma`` line of the disk tier's increment of a valid ``key`` by ``delta``
     (negative: a decrement), asking for the new value, the CAS and the TTL left (``v c
@@ -731,6 +729,8 @@ def counted(reply: MetaReply) -> tuple[int, int | None] | None:
     return int(value), reply.ttl
 
 
+# Compiled, it may still be subclassed from Python (tests, wrappers).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class BlockingClient(CommandSet):
     """The commands over blocking sockets; drive its coroutines with ``run_blocking``."""
 

@@ -147,9 +147,47 @@ class CommandSet(MetaCommands):
             keys, lambda chunk: gat_command(chunk, exptime, cas=True, checked=True)
         )
 
+    async def get_many_by_node(
+        self, keys: Iterable[bytes]
+    ) -> tuple[dict[bytes, Item], dict[int, FastCacheError]]:
+        """:meth:`get_many`, each node on its own: the items found on the nodes that
+        answered, and the error of each node that did not (its keys neither found nor
+        missing), where ``get_many`` raises the first. For a caller that settles a failed
+        node's keys elsewhere (the disk tier) without asking the other nodes again."""
+        found: dict[bytes, Item] = {}
+        failed: dict[int, FastCacheError] = {}
+        results = await self._retrieval_results(
+            keys, lambda chunk: get_command(chunk, checked=True)
+        )
+        for node, replies in results.items():
+            if isinstance(replies, FastCacheError):
+                failed[node] = replies
+                continue
+            error = next((r for r in replies if isinstance(r, CommandError)), None)
+            if error is not None:
+                failed[node] = error
+                continue
+            for reply in replies:
+                for item in reply:
+                    found[item.key] = item
+        return found, failed
+
     async def _retrieve_many(
         self, keys: Iterable[bytes], encode: Callable[[Sequence[bytes]], bytes]
     ) -> dict[bytes, Item]:
+        found: dict[bytes, Item] = {}
+        for replies in _raise_first_error(await self._retrieval_results(keys, encode)).values():
+            for reply in replies:
+                if isinstance(reply, CommandError):
+                    raise reply
+                for item in reply:
+                    found[item.key] = item
+        return found
+
+    async def _retrieval_results(
+        self, keys: Iterable[bytes], encode: Callable[[Sequence[bytes]], bytes]
+    ) -> Replies:
+        """Each node's replies to the retrieval of its keys (or its error), by node."""
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
@@ -165,14 +203,7 @@ class CommandSet(MetaCommands):
             data = b"".join([encode(chunk) for chunk in chunks if chunk is not None])
             requests[node] = (data, [ReplyKind.RETRIEVAL] * len(chunks))
             expected[node] = chunks
-        found: dict[bytes, Item] = {}
-        for replies in _raise_first_error(await self._pipelines(requests, expected)).values():
-            for reply in replies:
-                if isinstance(reply, CommandError):
-                    raise reply
-                for item in reply:
-                    found[item.key] = item
-        return found
+        return await self._pipelines(requests, expected)
 
     # -- storage -------------------------------------------------------------------------
     async def _store(

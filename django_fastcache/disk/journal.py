@@ -86,8 +86,8 @@ class Journal:
         #: replaced journal that could not be carried over).
         self.must_flush: Callable[[str], None] | None = None
         #: And how to record, for a node whose keys were carried over, the journal they
-        #: are in now (node id, journal id).
-        self.journaled_in: Callable[[str, int], None] | None = None
+        #: are in now: (node id, the new journal's id, the removed one's).
+        self.journaled_in: Callable[[str, int, int], None] | None = None
         #: The id of the journal this process's connection opened (0: none open yet).
         self.id = 0
         #: Run at the start of every transaction, under the journal's lock: how the node
@@ -111,13 +111,18 @@ class Journal:
         connection = self._connection
         if connection is None or self._pid != os.getpid():
             connection, identity = self._open_where_it_stays()
+            try:  # (read before the connection is kept: its id is the file's, or none)
+                row = connection.execute("SELECT id FROM identity").fetchone()
+                if row is None:
+                    raise sqlite3.DatabaseError("its id is missing")
+                journal_id = int(row[0])
+            except sqlite3.Error as exc:
+                connection.close()
+                raise DiskError(f"cannot read the outage journal's id: {exc}") from exc
             self._connection, self._pid = connection, os.getpid()
             forkgate.hold(self, connection, shared=True)  # closed only inside the gate
             self._identity = identity
-            try:
-                self.id = int(connection.execute("SELECT id FROM identity").fetchone()[0])
-            except sqlite3.Error as exc:
-                raise DiskError(f"cannot read the outage journal's id: {exc}") from exc
+            self.id = journal_id
         return connection
 
     def _open_where_it_stays(self) -> tuple[sqlite3.Connection, Identity]:
@@ -185,6 +190,7 @@ class Journal:
         with contextlib.suppress(sqlite3.Error):
             old.close()
         self._connection = None
+        carried_from = self.id
         nodes = {node_id for node_id, _key in rows}
         try:
             connection = self._connect()
@@ -193,7 +199,7 @@ class Journal:
                 connection.executemany(
                     "INSERT OR IGNORE INTO journal (node, key) VALUES (?, ?)", rows
                 )
-                self._mark_carried(nodes)  # under the lock: no replay in between
+                self._mark_carried(nodes, carried_from)  # under the lock: no replay between
                 # Committed now, not with the caller's transaction: a caller whose own work
                 # fails rolls that back, and these keys must not go with it.
                 connection.execute("COMMIT")
@@ -232,7 +238,7 @@ class Journal:
             raise DiskError(f"cannot lock the outage journal: {exc}") from exc
         return connection
 
-    def _mark_carried(self, node_ids: set[str]) -> None:
+    def _mark_carried(self, node_ids: set[str], carried_from: int) -> None:
         """Mark the nodes of keys carried over out again, on the node states every process
         reads now: removed with the journal, those this process maps may be a copy no
         other process reads any more (the cleaner struck after this transaction's own
@@ -244,7 +250,7 @@ class Journal:
             if self.mark_out is not None:
                 self.mark_out(node_id)
             if self.journaled_in is not None:
-                self.journaled_in(node_id, self.id)  # (the new connection's)
+                self.journaled_in(node_id, self.id, carried_from)  # (the new connection's)
 
     def _flush_at_replay(self, node_ids: set[str]) -> None:
         for node_id in node_ids:

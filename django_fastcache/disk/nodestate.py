@@ -60,6 +60,10 @@ _FLUSH: Final = 16
 #: journal at the path, the one they went to having been removed while no process ran to
 #: carry it over, flushes the node whole: the keys it named are lost.
 _JOURNAL: Final = 24
+#: In a node's page: 1 once a process asked the journal whether it names keys of the node
+#: (0 in a page just made, the file having been missing or truncated: the node may have
+#: been out, with writes journaled, and reads as up; see TieredStore.recover_lost_states).
+_CHECKED: Final = 32
 _COUNT_WORD: Final = _OUTAGES // 8
 #: Where the state byte lies in the page's first uint64, in the host's byte order.
 _STATE_SHIFT: Final = 0 if sys.byteorder == "little" else 56
@@ -72,15 +76,13 @@ _WHOLE_TIER: Final = _SLOTS
 CHECK_INTERVAL = 0.005
 
 
-def _page(path: str) -> tuple[mmap.mmap, tuple[int, int], bool]:
-    """A page of ``path`` mapped read-write (created zeroed), the file's (device, inode),
-    and whether this call made it (or found it short: truncated). OSError when it cannot
-    be had."""
+def _page(path: str) -> tuple[mmap.mmap, tuple[int, int]]:
+    """A page of ``path`` mapped read-write (created zeroed), and the file's (device,
+    inode). OSError when it cannot be had."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         info = os.fstat(fd)
-        made = info.st_size < mmap.PAGESIZE
-        if made:
+        if info.st_size < mmap.PAGESIZE:
             # Blocks allocated now, not on the first write to the mapping: a full disk
             # then would kill the process with SIGBUS.
             try:
@@ -89,7 +91,7 @@ def _page(path: str) -> tuple[mmap.mmap, tuple[int, int], bool]:
                 if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                     raise
                 os.ftruncate(fd, mmap.PAGESIZE)
-        return mmap.mmap(fd, mmap.PAGESIZE), (info.st_dev, info.st_ino), made
+        return mmap.mmap(fd, mmap.PAGESIZE), (info.st_dev, info.st_ino)
     finally:
         os.close(fd)
 
@@ -125,10 +127,6 @@ class NodeStates:
         self.reopened = 0
         #: ``time.monotonic()`` from which :meth:`trusts` checks the files again.
         self._next_check = 0.0
-        #: The nodes whose pages this process made (the files were missing or truncated):
-        #: what they held is unknown, and the tier asks the journal (see
-        #: :meth:`TieredStore.recover_lost_states`).
-        self.made: tuple[int, ...] = ()
         self._maps, self._node_identities, self._stamps, self._identity = self._open_all()
         #: Each node's page as uint64s: what :meth:`epoch` reads, twice per request.
         self._words = [memoryview(page).cast("Q") for page in self._maps]
@@ -142,16 +140,13 @@ class NodeStates:
         pages, then the distrust page."""
         opened: list[mmap.mmap] = []
         identities: list[tuple[int, int]] = []
-        made: list[int] = []
         try:
             make_private(self.directory)  # 0700, parents too (the tier's may be gone)
-            for node, path in enumerate(self._paths):
-                page, node_identity, new = _page(path)
+            for path in self._paths:
+                page, node_identity = _page(path)
                 opened.append(page)
                 identities.append(node_identity)
-                if new:
-                    made.append(node)
-            stamps, identity, _new = _page(self._stamps_path)
+            stamps, identity = _page(self._stamps_path)
         except OSError as exc:
             for page in opened:
                 page.close()
@@ -161,7 +156,6 @@ class NodeStates:
                 f"the disk tier's node states at {self.directory} cannot be mapped "
                 f"({where}: {exc.strerror or exc}); every process on the host must share them",
             ) from exc
-        self.made = tuple(made)
         return opened, identities, stamps, identity
 
     # -- the files under the processes -------------------------------------------------------
@@ -280,12 +274,27 @@ class NodeStates:
         yet)."""
         return int(_COUNT.unpack_from(self._maps[node], _JOURNAL)[0])
 
-    def journaled_in(self, node: int, journal_id: int) -> None:
-        _COUNT.pack_into(self._maps[node], _JOURNAL, journal_id)
+    def journaled_in(self, node: int, journal_id: int, carried_from: int = 0) -> None:
+        """``node``'s writes of this outage went to the journal ``journal_id`` (carried
+        there from ``carried_from``, a journal removed under a process). Another journal
+        recorded already, one removed since with writes of this outage that no process
+        carried over, asks for the node's flush at its replay."""
+        page = self._maps[node]
+        recorded = _COUNT.unpack_from(page, _JOURNAL)[0]
+        if recorded not in (0, journal_id, carried_from):
+            page[_FLUSH] = 1
+        _COUNT.pack_into(page, _JOURNAL, journal_id)
 
-    def journaled_in_by_id(self, node_id: str, journal_id: int) -> None:
+    def journaled_in_by_id(self, node_id: str, journal_id: int, carried_from: int = 0) -> None:
         if node_id in self.node_ids:
-            self.journaled_in(self.node_ids.index(node_id), journal_id)
+            self.journaled_in(self.node_ids.index(node_id), journal_id, carried_from)
+
+    def unchecked(self) -> list[int]:
+        """The nodes whose pages no process has asked the journal about (see _CHECKED)."""
+        return [node for node, page in enumerate(self._maps) if not page[_CHECKED]]
+
+    def checked(self, node: int) -> None:
+        self._maps[node][_CHECKED] = 1
 
     def must_flush(self, node: int) -> None:
         """A key of ``node`` changed while it was out, and the journal could not take it:

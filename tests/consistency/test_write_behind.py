@@ -1310,7 +1310,8 @@ def test_a_read_answered_after_its_node_went_out_is_not_served(
         finally:
             store.blocking = real
     elif read in ("get", "get_many"):
-        client = calling_first(store.blocking, read, incr_times_out)
+        method = {"get_many": "get_many_by_node"}.get(read, read)
+        client = calling_first(store.blocking, method, incr_times_out)
         if read == "get":
             found = run_blocking(store.get(client, wire))  # type: ignore[arg-type]
         else:

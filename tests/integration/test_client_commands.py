@@ -701,3 +701,28 @@ def test_invalid_keys_are_refused_even_when_no_server_listens(run: Runner) -> No
             await c.get(b"good")
 
     run([f"127.0.0.1:{free_port()}"], scenario, connect_timeout=2.0)
+
+
+def test_get_many_by_node_keeps_the_answers_of_the_nodes_that_answered(
+    run: Runner, memcached: MemcachedServer
+) -> None:
+    # The second node refuses connections: get_many raises its error, get_many_by_node
+    # returns it beside the first node's items.
+    nowhere = f"127.0.0.1:{free_port()}"
+    keys = [b"key-%d" % i for i in range(40)]
+
+    async def scenario(client: CommandSet) -> Any:
+        on = {key: client.cluster.node_index(key) for key in keys}
+        up = [key for key in keys if client.cluster.node_ids[on[key]] == memcached.location]
+        for key in up:
+            await client.set(key, b"v" + key)
+        with pytest.raises(ConnectFailedError):
+            await client.get_many(keys)
+        found, failed = await client.get_many_by_node(keys)
+        return on, up, found, failed
+
+    on, up, found, failed = run([memcached.location, nowhere], scenario)
+    assert 0 < len(up) < len(keys)
+    assert {key: item.value for key, item in found.items()} == {key: b"v" + key for key in up}
+    assert list(failed) == [on[next(k for k in keys if k not in up)]]
+    assert isinstance(next(iter(failed.values())), ConnectFailedError)

@@ -391,20 +391,10 @@ def test_count_line_asks_for_the_value_cas_and_ttl(delta: int, line: bytes) -> N
     assert count_line(b"n", delta) == line
 
 
-@pytest.mark.parametrize(
-    ("delta", "error", "match"),
-    [
-        (2**64, InvalidArgumentError, "between 0 and"),
-        (-(2**64), InvalidArgumentError, "between 0 and"),
-        (1.5, InvalidArgumentError, "must be an int"),
-        ("1", InvalidArgumentError, "must be an int"),
-        (True, InvalidArgumentError, "must be an int, got bool"),
-    ],
-)
-def test_count_line_refuses_a_delta_as_meta_arithmetic_does(
-    delta: Any, error: type[Exception], match: str
-) -> None:
-    with pytest.raises(error, match=match):
+@pytest.mark.parametrize("delta", [2**64, -(2**64)])
+def test_count_line_refuses_a_delta_beyond_what_memcached_counts_by(delta: int) -> None:
+    # (A delta that is not an int is refused before: the backend's incr and decr.)
+    with pytest.raises(InvalidArgumentError, match="between 0 and"):
         count_line(b"n", delta)
 
 

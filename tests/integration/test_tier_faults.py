@@ -458,6 +458,30 @@ def test_outage_files_lost_while_no_process_runs(
     assert read == {"key": "during"}
 
 
+def test_node_states_made_again_by_a_process_that_died_before_checking_them(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """As above, the node states lost while no process runs; then a process makes them
+    again (the node reads as up there) and dies before it asked the journal. The next
+    process must still ask: the page says no process has."""
+    from django_fastcache.client.cluster import ClientSettings, Cluster
+    from django_fastcache.disk.nodestate import NodeStates
+
+    _in_new_process(server.location, disk_directory, {"key": "before"}, [])
+    server.pause()
+    try:
+        _in_new_process(server.location, disk_directory, {"key": "during"}, [], hung=True)
+    finally:
+        server.resume()
+    nodes = os.path.join(disk_directory, "nodes")
+    _lose([os.path.join(nodes, n) for n in os.listdir(nodes) if n != "distrust.state"], "removed")
+    node_ids = Cluster([server.location], ClientSettings()).node_ids
+    made = NodeStates(nodes, node_ids)  # the process that dies
+    assert not made.is_out(0)
+    read = _in_new_process(server.location, disk_directory, {}, ["key"], until_up=True)
+    assert read == {"key": "during"}
+
+
 def test_writes_journaled_after_the_journal_was_lost_still_flush_the_node(
     server: MemcachedServer, disk_directory: str
 ) -> None:

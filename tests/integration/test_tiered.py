@@ -540,6 +540,48 @@ def test_get_many_answers_every_key_when_the_node_comes_back_during_the_call(
     assert seen[0] & 1  # it saw the node out
 
 
+def gets_sent(cache: FastCache, location: str) -> int:
+    """Retrievals the cache's two clients sent to the node at ``location``."""
+    metrics = cache.metrics()
+    return sum(
+        stats.calls
+        for snapshot in (metrics["blocking"], metrics["async"])
+        for node_id, node in snapshot.nodes.items()
+        if node_id == location
+        for name, stats in node.operations.items()
+        if name == "get"
+    )
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_get_many_asks_a_hung_node_once_and_keeps_the_other_nodes_answers(
+    disk_directory: str, api: str
+) -> None:
+    # The hung node is marked out and its keys answered from disk; the other node's
+    # answers stand (they were once asked again key by key, a timeout more per hung node).
+    with MemcachedServer() as hung, MemcachedServer() as fine:
+        cache = make_cache([hung.location, fine.location], disk_directory, operation_timeout=0.3)
+        cluster = cache.client.cluster
+        keys = [f"k{i}" for i in range(20)]
+        cache.set_many({key: f"v {key}" for key in keys})
+        landed(cache)
+        nodes = {cluster.node_ids[cluster.node_index(cache.wire_key(k))] for k in keys}
+        assert nodes == {hung.location, fine.location}
+        before = gets_sent(cache, hung.location), gets_sent(cache, fine.location)
+        hung.pause()
+        try:
+            found = cache.get_many(keys) if api == "sync" else asyncio.run(cache.aget_many(keys))
+        finally:
+            hung.resume()
+        assert found == {key: f"v {key}" for key in keys}  # the hung node's from disk
+        assert (gets_sent(cache, hung.location), gets_sent(cache, fine.location)) == (
+            before[0] + 1,
+            before[1] + 1,
+        )
+        assert node_state(cache, hung.location)["state"] == "out"
+        assert node_state(cache, fine.location)["state"] == "up"
+
+
 # -- writes: both tiers hold the same -----------------------------------------------------------
 
 

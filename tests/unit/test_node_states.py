@@ -90,18 +90,37 @@ def test_the_journal_of_an_outage_is_shared_carried_to_new_files_and_forgotten_o
 
 
 @pytest.mark.parametrize("lost", ["removed", "truncated"])
-def test_states_made_by_this_process_are_told_apart(tmp_path: Path, lost: str) -> None:
-    # What the tier asks the journal about (a node's page lost while no process ran).
-    assert NodeStates(str(tmp_path), NODES).made == tuple(range(len(NODES)))
-    assert NodeStates(str(tmp_path), NODES).made == ()
+def test_a_page_no_process_checked_stays_unchecked_until_one_does(
+    tmp_path: Path, lost: str
+) -> None:
+    # What every starting process asks the journal about (a page lost while no process
+    # ran), whether it made the page or another did and died before checking it.
+    made = NodeStates(str(tmp_path), NODES)
+    assert made.unchecked() == list(range(len(NODES)))
+    assert NodeStates(str(tmp_path), NODES).unchecked() == list(range(len(NODES)))
+    made.checked(0)
+    assert NodeStates(str(tmp_path), NODES).unchecked() == []
     page = next(p for p in tmp_path.iterdir() if p.name != "distrust.state")
     if lost == "removed":
         page.unlink()
     else:
         os.truncate(page, 0)
     states = NodeStates(str(tmp_path), NODES)
-    assert len(states.made) == 1
-    assert not states.is_out(states.made[0])
+    assert states.unchecked() == [0]
+    assert not states.is_out(0)
+
+
+def test_writes_of_one_outage_in_two_journals_ask_for_a_flush(tmp_path: Path) -> None:
+    states = NodeStates(str(tmp_path), NODES)
+    states.mark_out(0)
+    states.journaled_in(0, 11)
+    states.journaled_in(0, 11)
+    assert not states.flush_needed(0)
+    states.journaled_in(0, 22, carried_from=11)  # carried over: nothing lost
+    assert not states.flush_needed(0)
+    states.journaled_in(0, 33, carried_from=11)  # 22's writes were carried by no one
+    assert states.flush_needed(0)
+    assert states.journal_of(0) == 33
 
 
 def test_a_node_out_carried_onto_files_where_it_was_up_goes_out_anew(tmp_path: Path) -> None:
