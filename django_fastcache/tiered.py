@@ -480,7 +480,9 @@ class TieredStore:
                 if not self.states.is_out(node):
                     return False, None
                 Journal.record(connection, self.cluster.node_ids[node], keys)
-                self._journaled_in(node)
+                # The journal they went to, in the node's state (a replay that finds
+                # another flushes the node: see NodeStates.journaled_in).
+                self.states.journaled_in(node, self.journal.id)
                 try:
                     result = disk_write()
                 except DiskError as exc:
@@ -501,13 +503,6 @@ class TieredStore:
             self._distrust(keys, failure)
             raise failure
         return True, result
-
-    def _journaled_in(self, node: int) -> None:
-        """Within a journal transaction that journaled keys of ``node`` (out): record the
-        journal they went to in the node's state. Another journal there already means one
-        removed since with keys of this outage, which no process carried over: the node is
-        flushed whole at its replay."""
-        self.states.journaled_in(node, self.journal.id)
 
     def recover_lost_states(self) -> None:
         """Called once the store is set up, before it serves: a node whose state page no

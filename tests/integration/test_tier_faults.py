@@ -432,6 +432,19 @@ def _lose(paths: list[str], how: str) -> None:
             os.truncate(path, 0)
 
 
+def _journaled_in_a_hang_by_a_process_gone_since(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """``key`` written ("before") and on disk; then, in a hang that memcached outlives
+    with its values, written again ("during", journaled) by a process that exits."""
+    _in_new_process(server.location, disk_directory, {"key": "before"}, [])
+    server.pause()
+    try:
+        _in_new_process(server.location, disk_directory, {"key": "during"}, [], hung=True)
+    finally:
+        server.resume()
+
+
 @pytest.mark.parametrize("how", ["removed", "truncated"])
 @pytest.mark.parametrize("files", ["journal", "node states"])
 def test_outage_files_lost_while_no_process_runs(
@@ -442,12 +455,7 @@ def test_outage_files_lost_while_no_process_runs(
     which kept its values through the hang, runs again. The next process must not serve
     the value the journaled write replaced: a replay it cannot trust flushes the node, and
     a node whose state was lost while the journal names keys goes out for their replay."""
-    _in_new_process(server.location, disk_directory, {"key": "before"}, [])
-    server.pause()
-    try:
-        _in_new_process(server.location, disk_directory, {"key": "during"}, [], hung=True)
-    finally:
-        server.resume()
+    _journaled_in_a_hang_by_a_process_gone_since(server, disk_directory)
     if files == "journal":
         names = [n for n in os.listdir(disk_directory) if n.startswith("journal")]
         _lose([os.path.join(disk_directory, n) for n in names], how)
@@ -467,12 +475,7 @@ def test_node_states_made_again_by_a_process_that_died_before_checking_them(
     from django_fastcache.client.cluster import ClientSettings, Cluster
     from django_fastcache.disk.nodestate import NodeStates
 
-    _in_new_process(server.location, disk_directory, {"key": "before"}, [])
-    server.pause()
-    try:
-        _in_new_process(server.location, disk_directory, {"key": "during"}, [], hung=True)
-    finally:
-        server.resume()
+    _journaled_in_a_hang_by_a_process_gone_since(server, disk_directory)
     nodes = os.path.join(disk_directory, "nodes")
     _lose([os.path.join(nodes, n) for n in os.listdir(nodes) if n != "distrust.state"], "removed")
     node_ids = Cluster([server.location], ClientSettings()).node_ids
