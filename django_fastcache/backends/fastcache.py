@@ -172,8 +172,8 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
     except OSError as exc:  # the directory refused, or its write stamps not to be had
         raise ImproperlyConfigured(f"FastCache disk tier: {exc}") from exc
     maintenance.register(tiered)
-    # Node states made by this process (their files lost): out again where the journal
-    # names keys, before the first request reads them as up.
+    # Node pages no process has checked against the journal yet (made again, their files
+    # lost): out again where the journal names keys, before a request reads them as up.
     tiered.recover_lost_states()
     if tiered.states.any_out():
         maintenance.node_went_out()  # probed from now on

@@ -706,15 +706,15 @@ def count_line(key: bytes, delta: int) -> bytes:
     (negative: a decrement), asking for the new value, the CAS and the TTL left (``v c
     t``). A delta memcached cannot count by is refused as
     :meth:`~MetaCommands.meta_arithmetic` refuses it (:class:`InvalidArgumentError`)."""
-    if type(delta) is int and 0 <= delta <= _UINT64_MAX:
+    if type(delta) is int and -_UINT64_MAX <= delta <= _UINT64_MAX:
+        if delta < 0:
+            return b"ma %s MD D%d v c t\r\n" % (key, -delta)
         return b"ma %s D%d v c t\r\n" % (key, delta)
-    if type(delta) is int and -_UINT64_MAX <= delta < 0:
-        return b"ma %s MD D%d v c t\r\n" % (key, -delta)
-    if type(delta) is not int:  # (a bool too, as the tier-less client refuses it)
-        return meta_arithmetic_command(key, delta=delta, cas=True, return_ttl=True)
-    return meta_arithmetic_command(
-        key, mode="decr" if delta < 0 else "incr", delta=abs(delta), cas=True, return_ttl=True
-    )
+    # Refused there: not an int (a bool neither, as the tier-less client refuses it), or
+    # beyond 2**64 - 1 either way.
+    if type(delta) is int and delta < 0:
+        return meta_arithmetic_command(key, mode="decr", delta=-delta)
+    return meta_arithmetic_command(key, delta=delta)
 
 
 def counted(reply: MetaReply) -> tuple[int, int | None] | None:
