@@ -8,6 +8,7 @@ when it is first used; the check reports every problem at once, with ids.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.conf import settings
@@ -49,6 +50,8 @@ def _secret_key() -> str:
 @register(Tags.caches)
 def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
+    # Each disk tier's directory: the first alias to use it, and its memcached nodes.
+    tiers: dict[str, tuple[str, frozenset[str]]] = {}
     for alias, config in getattr(settings, "CACHES", {}).items():
         if not _is_fastcache(config.get("BACKEND", "")):
             continue
@@ -120,6 +123,18 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
                         f"CACHES[{alias!r}]: {what}.",
                         hint=f"{fix}.",
                         id="django_fastcache.E051",
+                    )
+                )
+            nodes = frozenset(seen)
+            first, first_nodes = tiers.setdefault(os.path.realpath(directory), (alias, nodes))
+            if first_nodes != nodes:
+                messages.append(
+                    Error(
+                        f"CACHES[{alias!r}] and CACHES[{first!r}] share the disk tier at"
+                        f" {directory} over different memcached nodes: each would answer"
+                        " the other's keys from disk, and hide the other's entries.",
+                        hint="Give each cache a disk_directory of its own.",
+                        id="django_fastcache.E052",
                     )
                 )
     return messages

@@ -8,7 +8,7 @@ its branches when they care why:
 * :class:`CommandError` — the server answered with ``ERROR``, ``CLIENT_ERROR`` or
   ``SERVER_ERROR``; the connection is still in step and stays in use.
 * :class:`ProtocolError` — the server sent bytes that do not parse; the connection is
-  discarded.
+  discarded. :class:`ReplyTooLargeError`: a value over this client's ``max_value_size``.
 * :class:`NetworkError` — connecting failed, the connection dropped, the node is marked
   out, the server refused the connection, or the call ran past its timeout; the connection
   is discarded. :class:`ConnectFailedError` (:class:`ConnectTimeoutError` among them) says
@@ -71,6 +71,12 @@ class ValueTooLargeError(ServerError, ValueError):
 
 class ProtocolError(FastCacheError):
     """The server sent bytes that do not follow the protocol; the connection is discarded."""
+
+
+class ReplyTooLargeError(ProtocolError):
+    """A reply declares a value larger than this client's ``max_value_size`` allows: stored
+    by a client with a larger limit (another process's, during a deploy that raised it).
+    The connection is discarded; the node is not at fault."""
 
 
 class NetworkError(FastCacheError):
@@ -150,6 +156,7 @@ __all__ = [
     "OperationTimeoutError",
     "OutcomeUnknownError",
     "ProtocolError",
+    "ReplyTooLargeError",
     "ServerError",
     "ServerRefusedConnectionError",
     "TLSError",

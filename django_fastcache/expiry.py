@@ -16,7 +16,7 @@ def seconds_to_live(timeout: float | None, now: float) -> float | None:
         return None
     if timeout <= 0:
         return 0.0
-    return min(float(timeout), MAX_EXPTIME - now)
+    return float(min(timeout, MAX_EXPTIME - now))  # (min first: an int past float's range)
 
 
 def memcached_exptime(ttl: float | None, now: float) -> int:

@@ -20,7 +20,7 @@ import hmac
 import logging
 import time
 from hashlib import blake2b
-from typing import Final
+from typing import Any, Final
 
 from .serializers import FLAG_INTEGER, FLAG_LONG
 
@@ -78,15 +78,20 @@ class Refusals:
 class Sealer:
     """Seals values on the way out and opens them on the way in, for one key."""
 
-    __slots__ = ("_mac", "refusals")
+    __slots__ = ("_fallbacks", "_mac", "refusals")
 
-    def __init__(self, key: bytes, refusals: Refusals | None = None) -> None:
+    def __init__(
+        self, key: bytes, refusals: Refusals | None = None, fallbacks: tuple[bytes, ...] = ()
+    ) -> None:
+        """``fallbacks``: keys of secrets being rotated out (``SECRET_KEY_FALLBACKS``),
+        whose seals are still opened; values are sealed with ``key`` alone."""
         # Copying a hasher that already holds the key skips keying it per value.
         self._mac = blake2b(key=key, digest_size=TAG_SIZE)
+        self._fallbacks = [blake2b(key=k, digest_size=TAG_SIZE) for k in fallbacks]
         self.refusals = Refusals() if refusals is None else refusals
 
-    def _tag(self, wire_key: bytes, flags: int, data: bytes) -> bytes:
-        mac = self._mac.copy()
+    def _tag(self, wire_key: bytes, flags: int, data: bytes, keyed: Any = None) -> bytes:
+        mac = (self._mac if keyed is None else keyed).copy()
         # A key never holds a space: no (key, flags, value) can pass for another. (The
         # key and flags in one update, one call fewer; the value, maybe large, not copied.)
         mac.update(wire_key + _FLAG_FIELDS[flags])
@@ -106,12 +111,13 @@ class Sealer:
         if flags & FLAG_SEALED:
             flags ^= FLAG_SEALED
             payload = data[TAG_SIZE:]
-            if (
-                len(data) >= TAG_SIZE
-                and flags < FLAG_SEALED
-                and _compare_digest(data[:TAG_SIZE], self._tag(wire_key, flags, payload))
-            ):
-                return payload, flags
+            if len(data) >= TAG_SIZE and flags < FLAG_SEALED:
+                tag = data[:TAG_SIZE]
+                if _compare_digest(tag, self._tag(wire_key, flags, payload)):
+                    return payload, flags
+                for fallback in self._fallbacks:  # (a rotation's older secrets)
+                    if _compare_digest(tag, self._tag(wire_key, flags, payload, fallback)):
+                        return payload, flags
             self.refusals.refuse(
                 wire_key,
                 "its seal does not match (written with another secret, or for another key)",

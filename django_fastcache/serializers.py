@@ -149,7 +149,11 @@ class JSONSerializer(_BaseSerializer):
     def _load_object(self, data: bytes, flags: int) -> Any:
         if flags == FLAG_JSON:
             return json.loads(data)
-        raise ValueError(f"refusing to decode a value stored with flags {flags} as JSON")
+        raise ValueError(
+            f"refusing to decode a value stored with flags {flags} as JSON (written with"
+            " another serializer: change VERSION or KEY_PREFIX with the"
+            " serializer, or clear the cache)"
+        )
 
 
 SERIALIZERS: dict[str, type[_BaseSerializer]] = {

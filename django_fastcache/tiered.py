@@ -67,6 +67,7 @@ from .errors import (
     NonIntegerValueError,
     OutcomeUnknownError,
     ProtocolError,
+    ReplyTooLargeError,
     ServerRefusedConnectionError,
     TLSError,
 )
@@ -255,8 +256,11 @@ class TieredStore:
         Host-wide node state changes only on evidence about the node. A process out of
         descriptors, or an async call that found its pool busy until its timeout
         (:class:`LocalResourceError`), leaves the node alone: a read is answered by the disk
-        tier; a write is refused (journaling it would need the node out)."""
-        if isinstance(exc, LocalResourceError):
+        tier; a write is refused (journaling it would need the node out). So does a reply
+        over this process's ``max_value_size`` (:class:`ReplyTooLargeError`): another
+        process, with a larger limit, stored the value; every process would otherwise mark
+        the node out each time this one reads it."""
+        if isinstance(exc, (LocalResourceError, ReplyTooLargeError)):
             self._local_failure(self.cluster.node_ids[node], exc, read=read)
             return
         if isinstance(exc, NODE_FAILURES) and not isinstance(exc, MetaUnsupportedError):
@@ -269,7 +273,9 @@ class TieredStore:
                 return
         raise exc
 
-    def _local_failure(self, node_id: str | None, exc: LocalResourceError, *, read: bool) -> None:
+    def _local_failure(
+        self, node_id: str | None, exc: LocalResourceError | ReplyTooLargeError, *, read: bool
+    ) -> None:
         """This process's own trouble reaching memcached (see :meth:`_memcached_failed`),
         at ``node_id``; None for a call over several nodes, whose error names the one."""
         self.metrics.local_failures += 1
@@ -475,6 +481,7 @@ class TieredStore:
         itself failed, the node is flushed whole at its replay instead (its journal does not
         name these keys), and the disk entries the write was to replace no longer answer."""
         failure: DiskError | None = None
+        brought_back = False
         try:
             with self.journal.transaction() as connection:
                 if not self.states.is_out(node):
@@ -483,6 +490,12 @@ class TieredStore:
                 # The journal they went to, in the node's state (a replay that finds
                 # another flushes the node: see NodeStates.journaled_in).
                 self.states.journaled_in(node, self.journal.id)
+                # Brought back meanwhile by a replay that did not see these keys: one of a
+                # journal removed since, under its own file's lock (this one is the file
+                # at the path). Out again below, before anything is acknowledged: the next
+                # replay reads them here. (A replay that marked it up after this read
+                # notices the journal moved: see _out_again_if_moved.)
+                brought_back = not self.states.is_out(node)
                 try:
                     result = disk_write()
                 except DiskError as exc:
@@ -499,6 +512,14 @@ class TieredStore:
                 return False, None  # brought back meanwhile: memcached again
             raise
         self.metrics.journaled += len(keys)
+        if brought_back:  # (here: node_out's receivers run outside the journal's lock)
+            self.node_failed(
+                node,
+                DiskError(
+                    "brought back by the replay of an outage journal removed since, while "
+                    "a write was journaled in the one at its path"
+                ),
+            )
         if failure is not None:
             self._distrust(keys, failure)
             raise failure
@@ -1361,21 +1382,35 @@ class TieredStore:
 
     async def delete_many(self, client: CommandSet, keys: Iterable[bytes]) -> None:
         self._follow_files()
+        node_of = self.cluster.node_index
         unique = list(dict.fromkeys(keys))
-        up = [k for k in unique if not self.states.is_out(self.cluster.node_index(k))]
-        settle = [k for k in unique if k not in set(up)]
+        up = [k for k in unique if not self.states.is_out(node_of(k))]
+        asked = set(up)
+        settle = [k for k in unique if k not in asked]
         if up:
             stamps = [self.stamps.bump(key, gone=True) for key in up]
-            try:
-                await client.delete_many(up)
-            except FastCacheError:
-                settle = unique  # a node failed: each key on its own (journaled if out)
-            else:
-                now = _now()
-                for key, stamp in zip(up, stamps):
+            _existed, failures = await client.delete_many_by_node(up)
+            now = _now()
+            for key, stamp in zip(up, stamps):
+                if node_of(key) not in failures:
                     self._behind(key, stamp, None, 0, None, now)
+            # A node that failed is marked out (as a delete's failure marks it) before its
+            # keys are deleted again one by one, journaled then: a hung node costs one
+            # timeout, not two, and the other nodes' deletes stand. A failure that is not
+            # the node's leaves it up: its keys' own deletes meet their own outcome.
+            for node, exc in failures.items():
+                with contextlib.suppress(FastCacheError):
+                    self._memcached_failed(node, exc, read=False)
+            settle += [key for key in up if node_of(key) in failures]
+        # Every key is settled before an error is raised (the first).
+        failure: FastCacheError | None = None
         for key in settle:
-            await self.delete(client, key)
+            try:
+                await self.delete(client, key)
+            except FastCacheError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     async def incr(
         self,
@@ -1615,20 +1650,15 @@ class TieredStore:
         # raised once every other node and the disk are cleared.
         refused: FastCacheError | None = None
         if up:
-            try:
-                await client.flush_all(nodes=up)
-            except FastCacheError:
-                # Flush each node on its own to learn which ones failed.
-                for node in up:
-                    try:
-                        await client.flush_all(nodes=[node])
-                    except FastCacheError as exc:
-                        try:
-                            self._memcached_failed(node, exc, read=False)
-                        except FastCacheError as raised:
-                            refused = refused or raised
-                        else:
-                            out.append(node)
+            # Each node's outcome at once: a failed node is not asked again (a hung one
+            # would cost a timeout more), and is journaled below once marked out.
+            for node, exc in (await client.flush_all_by_node(up)).items():
+                try:
+                    self._memcached_failed(node, exc, read=False)
+                except FastCacheError as raised:
+                    refused = refused or raised
+                else:
+                    out.append(node)
         for node in out:
             for _attempt in range(_MAX_RETRIES):
                 try:
@@ -1695,7 +1725,7 @@ class TieredStore:
                 # carried over: what it named is lost.
                 lost = self.states.journal_of(node) not in (0, self.journal.id)
                 if FLUSH_MARK in keys or unjournaled or lost:
-                    self.states.flushed(node)  # (first: a request made meanwhile stays)
+                    self.states.flushing(node)  # (first: a request made meanwhile stays)
                     try:
                         run_blocking(self.blocking.flush_all(nodes=[node]))
                     except BaseException:
@@ -1703,11 +1733,14 @@ class TieredStore:
                         # made since, would be lost with the flush that did not happen).
                         self.states.must_flush(node)
                         raise
+                    self.states.flush_done(node)
                 elif keys:
-                    run_blocking(self.blocking.delete_many(keys))
+                    # At the node, wherever this process routes them: the processes that
+                    # journaled them may route by another node list (a deploy's).
+                    run_blocking(self.blocking.delete_many_at(node, keys))
                 Journal.forget(connection, node_id)
                 self.states.mark_up(node)
-                if self._out_again_if_unjournaled(node):
+                if self._out_again_if_unjournaled(node) or self._out_again_if_moved(node):
                     return None
         except DiskError as journal_error:
             # The journal cannot be read (its directory removed, its file corrupt, locked
@@ -1717,7 +1750,7 @@ class TieredStore:
             # good, and memcached is never used again.
             if self.states.outages(node) != outage:
                 return None  # out again meanwhile (see above): probe again
-            self.states.flushed(node)
+            self.states.flushing(node)
             try:
                 run_blocking(self.blocking.flush_all(nodes=[node]))
             except BaseException as exc:
@@ -1726,6 +1759,7 @@ class TieredStore:
                     raise
                 self.last_probe_error[node] = _describe(exc)
                 return None
+            self.states.flush_done(node)
             self.states.mark_up(node)
             if self._out_again_if_unjournaled(node):
                 return None
@@ -1760,6 +1794,25 @@ class TieredStore:
         replayed = 0 if not keys or FLUSH_MARK in keys or unjournaled or lost else len(keys)
         self.metrics.replayed_keys += replayed
         return replayed
+
+    def _out_again_if_moved(self, node: int) -> bool:
+        """Just marked up: the journal this replay read was removed meanwhile, and a
+        process that opened the file now at its path may have journaled keys of ``node``
+        there, under that file's lock, not this one's, having found the node out before
+        it was marked up. Out again, then (True): the next replay reads that file. (A
+        write journaled there after the node was marked up marks it out itself: see
+        :meth:`_journaled`.)"""
+        if not self.journal.replaced():
+            return False
+        self.node_failed(
+            node,
+            DiskError(
+                "the outage journal was removed during the node's replay; it is replayed "
+                "again from the journal now at its path"
+            ),
+        )
+        self.last_probe_error[node] = "the outage journal was removed during the replay"
+        return True
 
     def _out_again_if_unjournaled(self, node: int) -> bool:
         """Just marked up: a write that could not be journaled while ``node`` was out may

@@ -50,8 +50,9 @@ from ..errors import (
     ValueRefusedError,
     ValueTooLargeError,
 )
-from ..expiry import MAX_RELATIVE_EXPIRY, memcached_exptime, seconds_to_live
+from ..expiry import MAX_EXPTIME, MAX_RELATIVE_EXPIRY, memcached_exptime, seconds_to_live
 from ..maintenance import maintenance
+from ..protocol.commands import UINT64_MAX
 from ..sealing import FLAG_SEALED, Refusals, Sealer, derive_key
 from ..serializers import SERIALIZERS, PickleSerializer, Serializer
 from ..stalecopies import StaleKeepingStore
@@ -181,10 +182,15 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
 
 
 def _delta(delta: Any) -> int:
-    """An ``incr``/``decr`` delta: an int (not a bool), else refused as the protocol's
-    encoders refuse it (a delta beyond what memcached counts by is refused there)."""
+    """An ``incr``/``decr`` delta: an int (not a bool) memcached can count by, else refused
+    as the protocol's encoders refuse it, before any request (a store may ask memcached
+    something before it encodes the increment)."""
     if type(delta) is not int:
         raise InvalidArgumentError(f"delta must be an int, got {type(delta).__name__}")
+    if not -UINT64_MAX <= delta <= UINT64_MAX:
+        raise InvalidArgumentError(
+            f"delta must be between {-UINT64_MAX} and {UINT64_MAX}, got {delta}"
+        )
     return delta
 
 
@@ -292,13 +298,17 @@ class FastCache(BaseCache):
         self._sealer: Sealer | None = None
         if options.sign_values:
             secret = options.signing_key
+            fallbacks: tuple[bytes, ...] = ()
             if secret is None:
                 try:
                     secret = settings.SECRET_KEY
+                    # Values sealed before a rotation still open (Django's own rule).
+                    olds = getattr(settings, "SECRET_KEY_FALLBACKS", None) or ()
+                    fallbacks = tuple(derive_key(old) for old in olds if old)
                 except ImproperlyConfigured:
                     secret = ""
             if secret:
-                self._sealer = Sealer(derive_key(secret), self._refusals)
+                self._sealer = Sealer(derive_key(secret), self._refusals, fallbacks)
             elif self._configuration_error is None:
                 self._configuration_error = (
                     "FastCache seals values with a key from SECRET_KEY, which is empty: set"
@@ -399,12 +409,16 @@ class FastCache(BaseCache):
             if self._default_ttl is not None:
                 return self._default_ttl
             timeout = self.default_timeout
-        if timeout is not None and not (
-            isinstance(timeout, (int, float)) and not math.isnan(timeout)
+        if timeout is not None and (
+            not isinstance(timeout, (int, float))
+            or (isinstance(timeout, float) and math.isnan(timeout))
         ):
             raise InvalidArgumentError(
                 f"timeout must be a number of seconds, or None for no expiry; got {timeout!r}"
             )
+        if isinstance(timeout, int) and not -MAX_EXPTIME <= timeout <= MAX_EXPTIME:
+            # Past any expiry memcached holds, and perhaps past a float's range.
+            timeout = MAX_EXPTIME if timeout > 0 else -1
         return seconds_to_live(timeout, time.time())
 
     def get_backend_timeout(self, timeout: float | object | None = DEFAULT_TIMEOUT) -> int:

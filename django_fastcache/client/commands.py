@@ -348,9 +348,39 @@ class CommandSet(MetaCommands):
 
     async def delete_many(self, keys: Iterable[bytes]) -> dict[bytes, bool]:
         """Remove keys, pipelined per node; each key maps to whether it existed."""
+        existed, failed = await self.delete_many_by_node(keys)
+        if failed:
+            raise next(iter(failed.values()))
+        return existed
+
+    async def delete_many_at(self, node: int, keys: Iterable[bytes]) -> dict[bytes, bool]:
+        """:meth:`delete_many` with every key sent to ``node`` (by index), wherever this
+        client would route it: for a node's outage replay, which deletes the keys journaled
+        for that node by processes whose node list or placement may differ from this one's
+        (a deploy adding a node routes some keys elsewhere)."""
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return {}
+        request = b"".join([delete_command(key) for key in keys])
+        results = await self._pipelines({node: (request, [ReplyKind.DELETE] * len(keys))})
+        replies = _raise_first_error(results)[node]
+        existed: dict[bytes, bool] = {}
+        for key, reply in zip(keys, replies):
+            if isinstance(reply, CommandError):
+                raise reply
+            existed[key] = reply is Status.DELETED
+        return existed
+
+    async def delete_many_by_node(
+        self, keys: Iterable[bytes]
+    ) -> tuple[dict[bytes, bool], dict[int, FastCacheError]]:
+        """:meth:`delete_many`, each node on its own: whether each key of the nodes that
+        answered existed, and the error of each node that did not (its keys' outcome
+        unknown), where ``delete_many`` raises the first. For a caller that settles a
+        failed node's keys elsewhere (the disk tier) without asking the others again."""
         encoded = {key: delete_command(key) for key in keys}
         if not encoded:
-            return {}
+            return {}, {}
         groups = self.cluster.group(encoded)
         requests: Requests = {
             node: (
@@ -359,14 +389,21 @@ class CommandSet(MetaCommands):
             )
             for node, node_keys in groups.items()
         }
-        results = _raise_first_error(await self._pipelines(requests))
+        results = await self._pipelines(requests)
         existed: dict[bytes, bool] = {}
+        failed: dict[int, FastCacheError] = {}
         for node, node_keys in groups.items():
-            for key, reply in zip(node_keys, results[node]):
-                if isinstance(reply, CommandError):
-                    raise reply
+            replies = results[node]
+            if isinstance(replies, FastCacheError):
+                failed[node] = replies
+                continue
+            error = next((r for r in replies if isinstance(r, CommandError)), None)
+            if error is not None:
+                failed[node] = error
+                continue
+            for key, reply in zip(node_keys, replies):
                 existed[key] = reply is Status.DELETED
-        return existed
+        return existed, failed
 
     async def touch(self, key: bytes, exptime: int, *, noreply: bool = False) -> bool:
         """Give ``key`` a new expiry; True when it exists."""
@@ -403,6 +440,21 @@ class CommandSet(MetaCommands):
         (after ``delay`` seconds)."""
         data = flush_all_command(delay, noreply=noreply)
         await self._broadcast(data, ReplyKind.OK, noreply, nodes)
+
+    async def flush_all_by_node(self, nodes: Iterable[int]) -> dict[int, FastCacheError]:
+        """:meth:`flush_all` of the ``nodes`` given by index, each on its own: the error
+        of each node that failed (the others were flushed), where ``flush_all`` raises the
+        first. For a caller that settles a failed node elsewhere without flushing the
+        others again."""
+        data = flush_all_command(0)
+        results = await self._pipelines({node: (data, [ReplyKind.OK]) for node in set(nodes)})
+        failed: dict[int, FastCacheError] = {}
+        for node, replies in results.items():
+            if isinstance(replies, FastCacheError):
+                failed[node] = replies
+            elif isinstance(replies[0], CommandError):
+                failed[node] = replies[0]
+        return failed
 
     async def version(self, *, nodes: Iterable[int] | None = None) -> dict[str, str]:
         """Each node's version (or the ``nodes`` given by index), by node id."""

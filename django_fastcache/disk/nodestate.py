@@ -55,6 +55,10 @@ _OUTAGES: Final = 8
 #: name every key that changed, and the node's replay flushes it whole instead. A plain
 #: write to memory, like the distrust stamps: it cannot fail when the disk does.
 _FLUSH: Final = 16
+#: In a node's page: set by the replay that took the flush request (clearing _FLUSH) until
+#: its flush is done. A replaying process killed meanwhile (the OOM killer, a deploy)
+#: leaves it set, and the next replay flushes: the request is never lost with the process.
+_FLUSHING: Final = 17
 #: In a node's page: the id of the outage journal this outage's writes were journaled in
 #: (0: none yet, or an older process that does not keep it). A replay that finds another
 #: journal at the path, the one they went to having been removed while no process ran to
@@ -189,10 +193,18 @@ class NodeStates:
         # replaced() still says so, so that the next check tries again.
         maps, node_identities, stamps, identity = self._open_all()
         for old, new in zip(old_maps, maps):
-            if old[_FLUSH]:
+            if old[_FLUSH] or old[_FLUSHING]:
                 new[_FLUSH] = 1
+            # The journal this process's outage writes went to. Where the new page names
+            # another (processes started on the new files journaled there), writes of
+            # one outage are in two journals, and a replay of the new one alone (before
+            # this process carried its own over, or if it dies first) would miss the
+            # keys of the other: the node is flushed instead.
             journal: int = _COUNT.unpack_from(old, _JOURNAL)[0]
-            if journal and not _COUNT.unpack_from(new, _JOURNAL)[0]:
+            recorded: int = _COUNT.unpack_from(new, _JOURNAL)[0]
+            if journal and recorded and recorded != journal:
+                new[_FLUSH] = 1
+            if journal:
                 _COUNT.pack_into(new, _JOURNAL, journal)
             if old[0] == _OUT:
                 # And its count: a replay that probed before the move must not take the
@@ -306,12 +318,20 @@ class NodeStates:
             self.must_flush(self.node_ids.index(node_id))
 
     def flush_needed(self, node: int) -> bool:
-        return self._maps[node][_FLUSH] != 0
+        page = self._maps[node]
+        return page[_FLUSH] != 0 or page[_FLUSHING] != 0
 
-    def flushed(self, node: int) -> None:
-        """The replay about to flush ``node`` took the request (before flushing: one made
-        meanwhile is kept for the next replay)."""
-        self._maps[node][_FLUSH] = 0
+    def flushing(self, node: int) -> None:
+        """The replay about to flush ``node`` takes the request (before flushing: one made
+        meanwhile is kept for the next replay), and holds it as its own until
+        :meth:`flush_done`: a replay that dies in between leaves it asked."""
+        page = self._maps[node]
+        page[_FLUSHING] = 1
+        page[_FLUSH] = 0
+
+    def flush_done(self, node: int) -> None:
+        """``node`` was flushed by the replay that took its request (:meth:`flushing`)."""
+        self._maps[node][_FLUSHING] = 0
 
     def mark_out_by_id(self, node_id: str) -> None:
         if node_id in self.node_ids:

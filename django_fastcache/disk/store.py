@@ -33,6 +33,7 @@ import diskcache
 
 from ..client import forksafe
 from ..errors import FastCacheError
+from ..logs import logger
 from . import forkgate
 from .shard import adopt
 
@@ -154,6 +155,16 @@ class DiskEntry(NamedTuple):
         return None if self.expire_at is None else self.expire_at - now
 
 
+def _read_shards(path: str) -> int | None:
+    """The number of shards recorded at ``path``; None when there is none (or garbage)."""
+    try:
+        with open(path, encoding="ascii") as file:
+            made = int(file.read().strip())
+    except (OSError, ValueError):
+        return None
+    return made if made > 0 else None
+
+
 def _encode(data: bytes, flags: int, written_at: float, stamp: int = 0) -> bytes:
     return _HEADER.pack(flags, written_at, stamp) + data
 
@@ -212,8 +223,9 @@ class DiskStore:
             try:
                 # Only this user may write here: the values are unpickled when read.
                 os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                options = {**self._options, "shards": self._shards_made()}
                 with forkgate.writing():  # connecting: no fork meanwhile (see forkgate)
-                    fanout = diskcache.FanoutCache(self.directory, **self._options)
+                    fanout = diskcache.FanoutCache(self.directory, **options)
                     shards = adopt(fanout)
             except Exception as exc:
                 raise DiskError(f"cannot open the disk tier at {self.directory}: {exc}") from exc
@@ -221,6 +233,42 @@ class DiskStore:
             self._shards = shards
             self._hash = fanout._hash
         return fanout
+
+    def _shards_made(self) -> int:
+        """How many shards the directory was made with, whatever ``shards`` says: the
+        first process to open it records its number (in ``shards``, beside them). Every
+        process must find a key in the same shard (one that looked in another would miss
+        the entry, and an ``add`` would take over it), so a process configured otherwise
+        (a deploy changing ``disk_shards``) keeps to the directory's, and says so.
+        (diskcache makes a shard's directory at its first use: they cannot be counted.)"""
+        configured: int = self._options["shards"]
+        path = os.path.join(self.directory, "shards")
+        made = _read_shards(path)
+        if made is None:
+            # Recorded whole or not at all (a link fails where the file exists): a process
+            # opening the directory at the same moment reads one number or the other's.
+            temporary = f"{path}.{os.getpid()}.{threading.get_ident()}"
+            try:
+                with open(temporary, "w", encoding="ascii") as file:
+                    file.write(f"{configured}\n")
+                with contextlib.suppress(FileExistsError):
+                    os.link(temporary, path)
+            except OSError:
+                return configured  # (a read-only directory: nothing is written there anyway)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+            made = _read_shards(path)
+        if made is None or made == configured:
+            return configured
+        logger.warning(
+            "the disk tier at %s was made with %d shards: it keeps them (disk_shards=%d is "
+            "not applied; to change the number, use a new disk_directory)",
+            self.directory,
+            made,
+            configured,
+        )
+        return made
 
     def _shard(self, key: bytes) -> diskcache.Cache:
         return self._shards_now()[self.shard_of(key)]

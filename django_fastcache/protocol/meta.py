@@ -30,6 +30,7 @@ from django_fastcache.errors import (
     InvalidArgumentError,
     InvalidKeyError,
     ProtocolError,
+    ReplyTooLargeError,
     ServerError,
     ValueTooLargeError,
 )
@@ -508,9 +509,10 @@ def read_meta_reply(
             raise ProtocolError(f"VA line without a valid size: {_show(line)}")
         length = int(flags[0])
         if length > max_value_size:
-            raise ProtocolError(
-                f"VA line declares {length} bytes, over the limit of {max_value_size}:"
-                f" {_show(line)}"
+            raise ReplyTooLargeError(
+                f"VA line declares {length} bytes, over the limit of {max_value_size}"
+                f" (max_value_size: raise it to match memcached's -I if another process"
+                f" stores larger values): {_show(line)}"
             )
         flags = flags[1:]
         data_end = after + length

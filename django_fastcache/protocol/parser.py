@@ -29,6 +29,7 @@ from django_fastcache.errors import (
     CommandError,
     ConfigurationError,
     ProtocolError,
+    ReplyTooLargeError,
     ServerError,
     UnknownCommandError,
     ValueTooLargeError,
@@ -899,7 +900,9 @@ class ReplyParser:
         if length > self._max_value_size:
             return self._fail(
                 f"VALUE line declares {length} bytes, over the limit of"
-                f" {self._max_value_size}: {line}"
+                f" {self._max_value_size} (max_value_size: raise it to match memcached's -I"
+                f" if another process stores larger values): {line}",
+                ReplyTooLargeError,
             )
         if flags > _UINT32_MAX:
             return self._fail(f"VALUE line flags do not fit in 32 bits: {line}")
@@ -911,9 +914,9 @@ class ReplyParser:
             f"the value of {show_bytes(key)} is followed by {_show(after)} instead of b'\\r\\n'"
         )
 
-    def _fail(self, message: str) -> ProtocolError:
+    def _fail(self, message: str, kind: type[ProtocolError] = ProtocolError) -> ProtocolError:
         """Record the parser as dead and return the error for the caller to raise."""
-        self._failure = ProtocolError(message)
+        self._failure = kind(message)
         # Nothing buffered will ever be read now; let the memory go.
         self._buffer = bytearray()
         self._pos = self._scan = 0

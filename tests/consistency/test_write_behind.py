@@ -466,8 +466,14 @@ def test_an_async_write_landing_after_a_set_stamped_later_leaves_the_key_missing
     store = tier(cache)
     wire = cache.wire_key("k")
     data, flags = cache._serializer.dumps(2)
-    method = {"incr": "meta_line"}.get(outer, outer)
-    client = calling_first(store.blocking, method, lambda: log.set(other, 1, "k", 3))
+    method = {"incr": "meta_line", "delete_many": "delete_many_by_node"}.get(outer, outer)
+    raced: list[bool] = []
+
+    def racing_set() -> None:
+        log.set(other, 1, "k", 3)
+        raced.append(True)
+
+    client = calling_first(store.blocking, method, racing_set)
     start = time.monotonic_ns()
     last: int | None = None
     if outer == "set":
@@ -487,6 +493,7 @@ def test_an_async_write_landing_after_a_set_stamped_later_leaves_the_key_missing
         last = 4
     if last is not None:
         log.record(Op(0, SET, "k", last, start, time.monotonic_ns(), True))
+    assert len(raced) == 1  # the other process's set ran inside the outer call
     assert store.flush(LANDING_WAIT)
     assert tier(other).flush(LANDING_WAIT)
     assert [log.get(each, process, "k") for process, each in ((0, cache), (1, other))] == [

@@ -358,6 +358,34 @@ def test_a_delta_that_is_not_an_int_memcached_counts_by_is_refused_alike(
     assert cache.get("n") == 5
 
 
+@pytest.mark.parametrize("delta", [2**64, -(2**64), "1"])
+@pytest.mark.parametrize("operation", ["incr", "aincr"])
+def test_a_bad_delta_on_a_missing_key_is_refused_before_any_request(
+    cache: FastCache, operation: str, delta: Any
+) -> None:
+    # Not "not found" (a store may ask memcached about the key before it counts): the
+    # delta is refused first, whatever the key.
+    method = getattr(cache, operation)
+    if operation.startswith("a"):
+        call: Callable[[], Any] = lambda: arun(cache, lambda: method("missing", delta))  # noqa: E731
+    else:
+        call = lambda: method("missing", delta)  # noqa: E731
+
+    def requests() -> int:
+        metrics = cache.metrics()
+        return sum(
+            stats.calls
+            for snapshot in (metrics["blocking"], metrics["async"])
+            for node in snapshot.nodes.values()
+            for stats in node.operations.values()
+        )
+
+    before = requests()
+    with pytest.raises(InvalidArgumentError, match="delta must be"):
+        call()
+    assert requests() == before
+
+
 @pytest.mark.parametrize("timeout", ["5", float("nan"), [1], b"5"])
 @pytest.mark.parametrize("operation", ["set", "add", "touch", "set_many", "aset", "atouch"])
 def test_a_timeout_that_is_not_a_number_is_refused(
@@ -466,7 +494,7 @@ def test_timeout_of_exactly_30_days_is_relative(cache: FastCache, probe: Probe) 
     assert 30 * DAY - 60 <= ttl <= 30 * DAY
 
 
-@pytest.mark.parametrize("timeout", [100 * 365 * DAY, 10.0**20, float("inf")])
+@pytest.mark.parametrize("timeout", [100 * 365 * DAY, 10.0**20, float("inf"), 10**400])
 def test_timeout_beyond_memcached_clock_is_kept_as_long_as_possible(
     cache: FastCache, probe: Probe, timeout: float
 ) -> None:

@@ -703,6 +703,44 @@ def test_invalid_keys_are_refused_even_when_no_server_listens(run: Runner) -> No
     run([f"127.0.0.1:{free_port()}"], scenario, connect_timeout=2.0)
 
 
+def test_delete_many_and_flush_all_by_node_report_each_failed_node(
+    run: Runner, memcached: MemcachedServer
+) -> None:
+    # The second node refuses connections: delete_many and flush_all raise its error; the
+    # by-node forms return it beside the first node's outcome, which took effect.
+    nowhere = f"127.0.0.1:{free_port()}"
+    keys = [b"key-%d" % i for i in range(40)]
+
+    async def scenario(client: CommandSet) -> Any:
+        on = {key: client.cluster.node_index(key) for key in keys}
+        up = [key for key in keys if client.cluster.node_ids[on[key]] == memcached.location]
+        for key in up[::2]:
+            await client.set(key, b"v")
+        with pytest.raises(ConnectFailedError):
+            await client.delete_many(keys)
+        existed, deletes_failed = await client.delete_many_by_node(keys)
+        for key in up:
+            await client.set(key, b"v")
+        with pytest.raises(ConnectFailedError):
+            await client.flush_all()
+        for key in up:
+            await client.set(key, b"v")
+        flush_failed = await client.flush_all_by_node(range(len(client.cluster)))
+        left = await client.get_many(up)
+        return on, up, existed, deletes_failed, flush_failed, left
+
+    outcome = run([memcached.location, nowhere], scenario)
+    on, up, existed, deletes_failed, flush_failed, left = outcome
+    assert 0 < len(up) < len(keys)
+    # The first delete_many deleted the first node's keys before raising: none existed now.
+    assert existed == dict.fromkeys(up, False)
+    down = on[next(k for k in keys if k not in up)]
+    for failed in (deletes_failed, flush_failed):
+        assert list(failed) == [down]
+        assert isinstance(failed[down], ConnectFailedError)
+    assert left == {}  # flushed on the node that answered
+
+
 def test_get_many_by_node_keeps_the_answers_of_the_nodes_that_answered(
     run: Runner, memcached: MemcachedServer
 ) -> None:

@@ -114,6 +114,26 @@ def test_a_value_sealed_with_another_secret_is_refused(memcached: MemcachedServe
     assert theirs.get("shared") == ["theirs"]
 
 
+def test_values_sealed_before_a_secret_key_rotation_open_with_its_fallbacks(
+    memcached: MemcachedServer,
+) -> None:
+    # Django's rotation: the new SECRET_KEY, the old one in SECRET_KEY_FALLBACKS. Values
+    # sealed with the old key still open; new ones are sealed with the new key only.
+    with override_settings(SECRET_KEY="the old secret"):
+        before = make_cache(memcached.location)
+        before.set("written-before", ["old"])
+    with override_settings(SECRET_KEY="the new secret", SECRET_KEY_FALLBACKS=["the old secret"]):
+        rotating = make_cache(memcached.location)
+        assert rotating.get("written-before") == ["old"]
+        rotating.set("written-during", ["new"])
+    with override_settings(SECRET_KEY="the new secret"):
+        after = make_cache(memcached.location)
+        assert after.get("written-during") == ["new"]
+        assert after.get("written-before") is None  # the fallback dropped: refused
+    with override_settings(SECRET_KEY="the old secret"):
+        assert make_cache(memcached.location).get("written-during") is None
+
+
 def test_a_tampered_value_is_refused(memcached: MemcachedServer, raw: BlockingClient) -> None:
     cache = make_cache(memcached.location)
     cache.set("k", "genuine")

@@ -904,6 +904,186 @@ def test_a_replay_whose_flush_fails_keeps_the_flush_asked_for(
         assert blocking.get_now(b":1:key") is None  # flushed
 
 
+def test_a_replay_killed_while_it_flushes_leaves_the_flush_asked_for(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """The replay takes the request for a flush, and its process is killed (SIGKILL: the
+    OOM killer, a deploy) while the flush is in flight: no handler runs. The request must
+    outlive the process, or the next replay would only delete the journaled keys and
+    serve the value the unjournaled write replaced."""
+    with _driven_tier(server, disk_directory) as (cache, tiered):
+        _out_after_a_hang(server, cache)  # memcached keeps "before"
+        tiered.states.must_flush(0)  # a write of the outage the journal could not take
+        tiered.replay_settle = 0.0
+
+        def killed_while_flushing() -> None:
+            def flush_all(nodes: list[int] | None = None) -> None:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            tiered.blocking = twin(tiered.blocking, flush_all=flush_all)
+            tiered.bring_back(0)
+
+        pid = _fork(killed_while_flushing)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status)
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        assert tiered.states.is_out(0)
+        assert tiered.states.flush_needed(0), "the flush asked for died with the replay"
+        assert tiered.bring_back(0) == 0
+        assert not tiered.states.is_out(0)
+        assert tiered.blocking.get_now(b":1:key") is None  # flushed
+
+
+def _journal_removed_during_the_replay(
+    tier_a: TieredStore, disk_directory: str, meanwhile: Callable[[], None]
+) -> None:
+    """Process A replays the node: inside its transaction (on the journal's file of then),
+    a temp cleaner removes the journal, and ``meanwhile()`` runs (another process)."""
+    blocking = tier_a.blocking
+
+    def delete_many_at(node: int, keys: list[bytes]) -> Any:
+        for name in os.listdir(disk_directory):
+            if name.startswith("journal"):
+                os.unlink(os.path.join(disk_directory, name))
+        meanwhile()
+        return blocking.delete_many_at(node, keys)
+
+    tier_a.replay_settle = 0.0
+    tier_a.blocking = twin(blocking, delete_many_at=delete_many_at)
+    try:
+        tier_a.bring_back(0)
+    finally:
+        tier_a.blocking = blocking
+
+
+def test_a_write_journaled_in_a_new_journal_during_a_replay_of_the_removed_one_is_replayed(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """A replays the node on the journal's file; a cleaner removes it; B, which had opened
+    no journal yet, opens the new one at the path and journals a write there, having found
+    the node out (two files: two locks, neither waits). The node's page names no journal
+    (its outage's writes journaled by an earlier version, which records none), so nothing
+    asks for a flush. A replay of the removed file alone must not leave the node up, or
+    memcached serves the value B's write replaced."""
+    with _two_processes(server, disk_directory) as (a, b, tier_a, tier_b):
+        _out_after_a_hang(server, a)  # memcached keeps "before"
+        a.set("other", "during")  # journaled by A, in the file the cleaner removes
+        tier_a.states.mark_up(0)  # the page as an earlier version leaves it: no journal id
+        tier_a.states.mark_out(0)
+        assert tier_a.states.journal_of(0) == 0
+        tier_b.journal.close()  # B has no connection open to the journal's file
+        _journal_removed_during_the_replay(tier_a, disk_directory, lambda: b.set("key", "during"))
+        assert node_states(a) == node_states(b) == ["out"], "brought back past B's write"
+        assert a.get("key") == b.get("key") == "during"  # from disk
+        tier_a.replay_settle = 0.0
+        assert tier_a.bring_back(0) == 1  # the journal at the path: B's key
+        assert node_states(a) == ["up"]
+        assert a.get("key") in ("during", None)
+        assert b.get("key") in ("during", None)
+
+
+def test_a_write_journaled_as_a_replay_elsewhere_marks_the_node_up_sends_it_out_again(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """B found the node out and journals a write; before it records which journal, a
+    replay of another file (one removed since, under its own lock) marks the node up
+    without B's key. B must send the node out again before its write is acknowledged."""
+    with _two_processes(server, disk_directory) as (a, b, tier_a, tier_b):
+        _out_after_a_hang(server, a)  # memcached keeps "before"
+        journaled_in = tier_b.states.journaled_in
+
+        def replayed_elsewhere_first(node: int, journal_id: int, carried_from: int = 0) -> None:
+            tier_a.states.mark_up(node)  # what the other file's replay does meanwhile
+            journaled_in(node, journal_id, carried_from)
+
+        tier_b.states.journaled_in = replayed_elsewhere_first  # type: ignore[method-assign]
+        try:
+            b.set("key", "during")
+        finally:
+            tier_b.states.journaled_in = journaled_in  # type: ignore[method-assign]
+        assert node_states(a) == ["out"], "left up with B's key journaled"
+        assert a.get("key") == "during"
+        tier_a.replay_settle = 0.0
+        assert tier_a.bring_back(0) == 1
+        assert a.get("key") in ("during", None)
+
+
+def test_a_process_moving_mid_outage_onto_files_with_another_journal_flushes_the_node(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    """The directory is deleted mid-outage under A, whose writes went to the journal of
+    then; B, started since, finds the node out too and journals in the new journal. A moves
+    onto the new node states before it carries its journal over (or dies first): a replay
+    of the new journal alone would miss A's key, so it flushes the node."""
+    import shutil
+
+    from django_fastcache.maintenance import follow_state_files, maintenance
+
+    with _driven_tier(server, disk_directory) as (a, tier_a):
+        _out_after_a_hang(server, a)  # memcached keeps "before"
+        a.set("key", "during")  # journaled by A
+        shutil.rmtree(disk_directory)
+        b = make_cache([server.location], disk_directory, max_connections=3)  # started now
+        tier_b = b._shared().tiered
+        assert tier_b is not None
+        maintenance.unregister(tier_b)
+        try:
+            tier_b.node_failed(0)  # B finds the hang too
+            b.set("other", "during")  # journaled in the new journal
+            assert not tier_b.states.flush_needed(0)
+            follow_state_files(tier_a)  # A moves (its journal not carried over yet)
+            assert tier_b.states.flush_needed(0)
+            tier_b.replay_settle = 0.0
+            assert tier_b.bring_back(0) == 0  # flushed whole
+            assert b.get("key") is None
+        finally:
+            maintenance.register(tier_b)
+
+
+def test_a_replay_deletes_the_journaled_keys_at_the_node_replayed(disk_directory: str) -> None:
+    """A deploy drops node C: the new processes route some of C's keys to A. A new process
+    journals a write of such a key while A hangs; an old process replays A. The key's
+    delete must go to A, whose value it replaced, not to C, where the old process would
+    route it: A would otherwise serve the older value for good."""
+    from django_fastcache.maintenance import maintenance
+
+    with MemcachedServer() as a, MemcachedServer() as b, MemcachedServer() as c:
+        old = make_cache([a.location, b.location, c.location], disk_directory)
+        new = make_cache([a.location, b.location], disk_directory)
+        old_tier, new_tier = old._shared().tiered, new._shared().tiered
+        assert old_tier is not None
+        assert new_tier is not None
+        for tier in (old_tier, new_tier):
+            maintenance.unregister(tier)
+        try:
+
+            def owner(cache: FastCache, key: str) -> str:
+                cluster = cache._shared().client.cluster
+                return cluster.node_ids[cluster.node_index(cache.wire_key(key))]
+
+            keys = (f"key{n}" for n in range(10_000))
+            key = next(
+                k for k in keys if (owner(old, k), owner(new, k)) == (c.location, a.location)
+            )
+            new.set(key, "before")
+            _settled(new)
+            a.pause()
+            try:
+                probe = next(f"p{n}" for n in range(10_000) if owner(new, f"p{n}") == a.location)
+                new.get(probe)  # times out: A is out, host-wide
+                assert old_tier.states.is_out(0)
+                new.set(key, "during")  # journaled for A
+            finally:
+                a.resume()
+            old_tier.replay_settle = 0.0
+            assert old_tier.bring_back(0) == 1
+            assert new_tier.blocking.get_now(new.wire_key(key)) is None  # deleted at A
+            assert new.get(key) in ("during", None)
+        finally:
+            for tier in (old_tier, new_tier):
+                maintenance.register(tier)
+
+
 def test_a_removed_journal_that_cannot_be_carried_over_has_its_nodes_flushed(
     server: MemcachedServer, disk_directory: str
 ) -> None:
@@ -1075,13 +1255,14 @@ def test_a_clear_one_node_refuses_clears_the_others_and_the_disk_then_raises(
         assert on_second, "no key on the second node"
         blocking = tiered.blocking
 
-        def flush_all(nodes: list[int] | None = None) -> Any:
-            if nodes is None or 0 in nodes:
-                raise LocalResourceError("this process is out of file descriptors")
-            return blocking.flush_all(nodes=nodes)
+        async def flush_all_by_node(nodes: list[int]) -> dict[int, Any]:
+            failed = await blocking.flush_all_by_node([n for n in nodes if n != 0])
+            if 0 in nodes:
+                failed[0] = LocalResourceError("this process is out of file descriptors")
+            return failed
 
         with pytest.raises(LocalResourceError):
-            run_blocking(tiered.clear(twin(blocking, flush_all=flush_all)))
+            run_blocking(tiered.clear(twin(blocking, flush_all_by_node=flush_all_by_node)))
         assert node_states(cache) == ["up", "up"]  # nothing was the nodes' fault
         left = [k for k in on_second if blocking.get_now(wires[k]) is not None]
         assert not left, f"the second node was not flushed: {left}"

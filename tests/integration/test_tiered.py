@@ -15,6 +15,7 @@ import asyncio
 import gc
 import itertools
 import json
+import os
 import re
 import socket
 import subprocess
@@ -36,6 +37,7 @@ from django_fastcache.disk import DiskEntry
 from django_fastcache.errors import (
     InvalidArgumentError,
     ProtocolError,
+    ReplyTooLargeError,
     ServerError,
     ValueTooLargeError,
 )
@@ -582,6 +584,77 @@ def test_get_many_asks_a_hung_node_once_and_keeps_the_other_nodes_answers(
         assert node_state(cache, fine.location)["state"] == "up"
 
 
+def requests_sent(cache: FastCache, location: str) -> dict[str, int]:
+    """Requests the cache's two clients sent to the node at ``location``, by operation."""
+    metrics = cache.metrics()
+    sent: dict[str, int] = {}
+    for snapshot in (metrics["blocking"], metrics["async"]):
+        for node_id, node in snapshot.nodes.items():
+            if node_id == location:
+                for name, stats in node.operations.items():
+                    if name != "version":  # the background probes of a node out
+                        sent[name] = sent.get(name, 0) + stats.calls
+    return sent
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+@pytest.mark.parametrize("call", ["delete_many", "clear"])
+def test_a_write_over_many_nodes_asks_a_hung_node_once(
+    disk_directory: str, api: str, call: str
+) -> None:
+    # The hung node is marked out and its part journaled (its keys' deletes, or its flush);
+    # the other node's part stands. Both calls once asked a failed node again, a timeout
+    # more per hung node.
+    with MemcachedServer() as hung, MemcachedServer() as fine:
+        cache = make_cache([hung.location, fine.location], disk_directory, operation_timeout=0.3)
+        keys = [f"k{i}" for i in range(20)]
+        cache.set_many({key: f"v {key}" for key in keys})
+        landed(cache)
+        before = requests_sent(cache, hung.location), requests_sent(cache, fine.location)
+        hung.pause()
+        try:
+            if call == "delete_many":
+                run = cache.delete_many(keys) if api == "sync" else cache.adelete_many(keys)
+            else:
+                run = cache.clear() if api == "sync" else cache.aclear()
+            if api == "async":
+                asyncio.run(run)  # type: ignore[arg-type]
+        finally:
+            hung.resume()
+        after = requests_sent(cache, hung.location), requests_sent(cache, fine.location)
+        hung_asked, fine_asked = (
+            {op: n - earlier.get(op, 0) for op, n in later.items() if n != earlier.get(op, 0)}
+            for earlier, later in zip(before, after)
+        )
+        assert sum(hung_asked.values()) == 1, hung_asked  # one request each, of one kind
+        assert hung_asked == fine_asked
+        assert node_state(cache, hung.location)["state"] == "out"
+        assert node_state(cache, fine.location)["state"] == "up"
+        assert cache.get_many(keys) == {}  # from disk for the hung node's, none left
+        wait_until(lambda: node_state(cache, hung.location)["state"] == "up", "the replay")
+        assert cache.get_many(keys) == {}  # the replay deleted (or flushed) the hung node's
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_value_over_this_process_limit_leaves_the_node_up(disk_directory: str, api: str) -> None:
+    # A deploy raised max_value_size (and memcached's -I): an old process reads a value a
+    # new one stored. Not the node's fault: it stays up for every process, and the disk
+    # tier answers.
+    with MemcachedServer(item_size_max="4m") as server:
+        writer = make_cache(server.location, disk_directory, max_value_size=4 * 1024 * 1024)
+        reader = make_cache(server.location, disk_directory)
+        value = os.urandom(2 * 1024 * 1024)  # (incompressible: over the limit as stored)
+        writer.set("big", value)
+        landed(writer)
+        got = reader.get("big") if api == "sync" else asyncio.run(reader.aget("big"))
+        assert got == value  # from disk
+        assert node_state(reader, server.location)["state"] == "up"
+        # Without the tier, the read raises, naming the option.
+        tierless = FastCache(server.location, {"OPTIONS": {"disk_tier": False}})
+        with pytest.raises(ReplyTooLargeError, match="max_value_size"):
+            tierless.get("big")
+
+
 # -- writes: both tiers hold the same -----------------------------------------------------------
 
 
@@ -1074,13 +1147,13 @@ def test_the_replay_deletes_exactly_the_journaled_keys_before_the_node_is_marked
     monkeypatch.setattr(store, "states", twin(store.states, mark_up=mark_up))
     # Which keys the replay deletes (a replay that fails part-way is tried again whole).
     replayed: list[list[bytes]] = []
-    original_delete_many = store.blocking.delete_many
+    original_delete_many = store.blocking.delete_many_at
 
-    async def delete_many(keys: Any) -> Any:
+    async def delete_many(node: int, keys: Any) -> Any:
         replayed.append(list(keys))
-        return await original_delete_many(keys)
+        return await original_delete_many(node, keys)
 
-    monkeypatch.setattr(store.blocking, "delete_many", delete_many)
+    monkeypatch.setattr(store.blocking, "delete_many_at", delete_many)
     server.resume()
     wait_for_state(cache, server.location, "up")
     # The probe marks the node up, then counts the replay and sends node_back.
@@ -1230,7 +1303,7 @@ def test_a_replay_that_fails_leaves_the_node_out_and_its_journal_intact(
         raise ServerError("out of memory storing object")
 
     with monkeypatch.context() as patch:
-        patch.setattr(store.blocking, "delete_many", refused)
+        patch.setattr(store.blocking, "delete_many_at", refused)
         assert store.bring_back(node) is None
     assert node_state(cache, server.location) == {"state": "out", "journal_length": 1}
     assert store.bring_back(node) == 1

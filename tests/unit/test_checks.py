@@ -327,3 +327,27 @@ def test_the_backend_refuses_a_disk_directory_writable_by_others(tmp_path: Path)
     with pytest.raises(ImproperlyConfigured, match="writable by other users"):
         cache.set("k", 1)
     assert list(directory.iterdir()) == []  # nothing was written into it
+
+
+def test_two_caches_sharing_a_disk_directory_over_different_nodes_is_e052(tmp_path: Path) -> None:
+    directory = str(tmp_path / "tier")
+    shared = {"BACKEND": BACKEND, "OPTIONS": {"disk_directory": directory}}
+    messages = run(
+        {
+            "default": {**shared, "LOCATION": "127.0.0.1:11211"},
+            "sessions": {**shared, "LOCATION": "127.0.0.1:11212"},
+            # The same nodes in another spelling and order, and another key prefix: fine.
+            "pages": {
+                **shared,
+                "LOCATION": ["127.0.0.1:11211"],
+                "KEY_PREFIX": "pages",
+            },
+            "elsewhere": {
+                "BACKEND": BACKEND,
+                "LOCATION": "127.0.0.1:11212",
+                "OPTIONS": {"disk_directory": str(tmp_path / "other")},
+            },
+        }
+    )
+    assert ids(messages) == ["django_fastcache.E052"]
+    assert "CACHES['sessions'] and CACHES['default']" in messages[0].msg

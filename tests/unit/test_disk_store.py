@@ -250,3 +250,27 @@ def test_a_shard_that_cannot_be_written_loses_only_its_own_writes(tmp_path: Path
         assert held.data == b"before"
     finally:
         store.close()
+
+
+def test_a_store_configured_with_other_shards_keeps_to_the_directorys(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A deploy changing disk_shards: the new processes must find the entries the old ones
+    # wrote (and refuse an add over them), so they keep the directory's number, and say so.
+    old = DiskStore(str(tmp_path), shards=8)
+    keys = [b"key-%d" % n for n in range(40)]
+    for key in keys:
+        old.set(key, b"v" + key, 0, None)
+    new = DiskStore(str(tmp_path), shards=16)
+    fresh = DiskStore(str(tmp_path / "fresh"), shards=16)
+    try:
+        found = {key: entry.data for key in keys if (entry := new.get(key)) is not None}
+        assert found == {key: b"v" + key for key in keys}
+        assert "was made with 8 shards" in caplog.text
+        assert "disk_shards=16 is not applied" in caplog.text
+        assert (tmp_path / "shards").read_text() == "8\n"
+        assert fresh.get(b"k") is None
+        assert (tmp_path / "fresh" / "shards").read_text() == "16\n"
+    finally:
+        for store in (old, new, fresh):
+            store.close()

@@ -70,7 +70,57 @@ def test_a_flush_asked_for_is_shared_and_carried_to_the_new_files(tmp_path: Path
     _remove_files(tmp_path)
     b.reopen(time.time())  # the new files are made: they ask for the flush too
     assert NodeStates(str(tmp_path), NODES).flush_needed(0)
-    b.flushed(0)
+    b.flushing(0)
+    assert NodeStates(str(tmp_path), NODES).flush_needed(0)  # until the flush is done
+    b.flush_done(0)
+    assert not NodeStates(str(tmp_path), NODES).flush_needed(0)
+
+
+def test_a_flush_taken_by_a_replay_that_never_finished_is_still_asked(tmp_path: Path) -> None:
+    # A replay killed between taking the request and flushing (SIGKILL: no handler runs)
+    # leaves it asked, on these files and on new ones made after a removal.
+    replaying, other = NodeStates(str(tmp_path), NODES), NodeStates(str(tmp_path), NODES)
+    replaying.must_flush(0)
+    replaying.flushing(0)  # ...and the process dies here
+    assert other.flush_needed(0)
+    _remove_files(tmp_path)
+    other.reopen(time.time())
+    assert NodeStates(str(tmp_path), NODES).flush_needed(0)
+    # A request made while a replay flushes stays for the next one.
+    other.flushing(0)
+    other.must_flush(0)
+    other.flush_done(0)
+    assert other.flush_needed(0)
+
+
+def test_moving_onto_files_whose_page_names_another_journal_asks_for_a_flush(
+    tmp_path: Path,
+) -> None:
+    # The directory was removed mid-outage; a process started since journaled the node's
+    # writes in the new journal (22), this one in the removed one (11). A replay of 22
+    # alone would miss 11's keys: the node's replay flushes it, and the page keeps 11, which
+    # this process's carry-over (22 carried from 11) accepts.
+    moving = NodeStates(str(tmp_path), NODES)
+    moving.mark_out(0)
+    moving.journaled_in(0, 11)
+    _remove_files(tmp_path)
+    started_since = NodeStates(str(tmp_path), NODES)
+    started_since.mark_out(0)
+    started_since.journaled_in(0, 22)
+    assert not started_since.flush_needed(0)
+    moving.reopen(time.time())
+    assert started_since.flush_needed(0)
+    assert started_since.journal_of(0) == 11
+
+
+def test_moving_onto_files_whose_page_names_no_journal_asks_for_no_flush(
+    tmp_path: Path,
+) -> None:
+    moving = NodeStates(str(tmp_path), NODES)
+    moving.mark_out(0)
+    moving.journaled_in(0, 11)
+    _remove_files(tmp_path)
+    moving.reopen(time.time())
     assert not NodeStates(str(tmp_path), NODES).flush_needed(0)
 
 
