@@ -67,6 +67,12 @@ INVALIDATE_SHARE = 0.3
 #: changes no value, so it is not logged; what it could do wrong is queue, or put back into
 #: memcached, a value older than a write racing it, which later reads would find.
 TOUCH_SHARE = 0.1
+#: The share of the remaining deletes made with delete_many() of the key and another (each
+#: logged as a delete over the call's interval), and of the remaining reads made with
+#: get_many() likewise (each key's answer logged as a read): the tier settles a node that
+#: fails its part of either apart from the nodes that answered.
+DELETE_MANY_SHARE = 0.3
+GET_MANY_SHARE = 0.1
 #: The kind of a touch, which is not logged.
 TOUCHED = -1
 
@@ -139,6 +145,9 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
         began = time.monotonic_ns()
         ok = True
         computed: int | None = None
+        other = rng.randrange(len(keys))
+        # A second key of the same call (delete_many, get_many): its row, (key, value).
+        second: tuple[int, int | None] | None = None
         try:
             if kind == 0 and rng.random() < TOUCH_SHARE:
                 cache.touch(keys[key], None)
@@ -155,6 +164,10 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
                 value = cache.get_or_set(keys[key], default, timeout=None)
                 if ran:
                     computed = offered
+            elif kind == 0 and rng.random() < GET_MANY_SHARE and other != key:
+                second = (other, None)
+                found = cache.get_many([keys[key], keys[other]])
+                value, second = found.get(keys[key]), (other, found.get(keys[other]))
             elif kind == 0:
                 value = cache.get(keys[key])
             elif kind == 1:
@@ -164,6 +177,9 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
             elif kind == 2 and rng.random() < INVALIDATE_SHARE:
                 cache.invalidate(keys[key])  # type: ignore[attr-defined]
                 kind = KINDS.index(INVALIDATE)
+            elif kind == 2 and rng.random() < DELETE_MANY_SHARE and other != key:
+                second = (other, None)
+                cache.delete_many([keys[key], keys[other]])
             elif kind == 2:
                 cache.delete(keys[key])
             elif kind == 3:
@@ -211,13 +227,14 @@ def run_worker(config: WorkerConfig, counters: Any, start: Any, stop: Any) -> No
             sources.append(source)
             if value == computed:
                 continue  # nothing was read
-        kinds.append(kind)
-        key_column.append(key)
-        values.append(NOTHING if value is None else value)
-        starts.append(began)
-        ends.append(ended)
-        oks.append(ok)
-        sources.append(source)
+        for row_key, row_value in [(key, value), *([second] if second is not None else [])]:
+            kinds.append(kind)
+            key_column.append(row_key)
+            values.append(NOTHING if row_value is None else row_value)
+            starts.append(began)
+            ends.append(ended)
+            oks.append(ok)
+            sources.append(source)
     result = {
         "log": log,
         "keys": keys,
