@@ -990,17 +990,17 @@ def test_a_write_journaled_as_a_replay_elsewhere_marks_the_node_up_sends_it_out_
     without B's key. B must send the node out again before its write is acknowledged."""
     with _two_processes(server, disk_directory) as (a, b, tier_a, tier_b):
         _out_after_a_hang(server, a)  # memcached keeps "before"
-        journaled_in = tier_b.states.journaled_in
+        states = tier_b.states
 
         def replayed_elsewhere_first(node: int, journal_id: int, carried_from: int = 0) -> None:
             tier_a.states.mark_up(node)  # what the other file's replay does meanwhile
-            journaled_in(node, journal_id, carried_from)
+            states.journaled_in(node, journal_id, carried_from)
 
-        tier_b.states.journaled_in = replayed_elsewhere_first  # type: ignore[method-assign]
+        tier_b.states = twin(states, journaled_in=replayed_elsewhere_first)
         try:
             b.set("key", "during")
         finally:
-            tier_b.states.journaled_in = journaled_in  # type: ignore[method-assign]
+            tier_b.states = states
         assert node_states(a) == ["out"], "left up with B's key journaled"
         assert a.get("key") == "during"
         tier_a.replay_settle = 0.0
