@@ -10,7 +10,7 @@ the calling thread, and its coroutines finish without ever suspending.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from .._mypyc import mypyc_attr
 from ..errors import CommandError, FastCacheError, InvalidArgumentError
@@ -160,14 +160,11 @@ class CommandSet(MetaCommands):
             keys, lambda chunk: get_command(chunk, checked=True)
         )
         for node, replies in results.items():
-            if isinstance(replies, FastCacheError):
-                failed[node] = replies
-                continue
-            error = next((r for r in replies if isinstance(r, CommandError)), None)
+            error = _node_failure(replies)
             if error is not None:
                 failed[node] = error
                 continue
-            for reply in replies:
+            for reply in cast("list[Any]", replies):  # (not an error: see _node_failure)
                 for item in reply:
                     found[item.key] = item
         return found, failed
@@ -394,14 +391,11 @@ class CommandSet(MetaCommands):
         failed: dict[int, FastCacheError] = {}
         for node, node_keys in groups.items():
             replies = results[node]
-            if isinstance(replies, FastCacheError):
-                failed[node] = replies
-                continue
-            error = next((r for r in replies if isinstance(r, CommandError)), None)
+            error = _node_failure(replies)
             if error is not None:
                 failed[node] = error
                 continue
-            for key, reply in zip(node_keys, replies):
+            for key, reply in zip(node_keys, cast("list[Any]", replies)):
                 existed[key] = reply is Status.DELETED
         return existed, failed
 
@@ -450,10 +444,9 @@ class CommandSet(MetaCommands):
         results = await self._pipelines({node: (data, [ReplyKind.OK]) for node in set(nodes)})
         failed: dict[int, FastCacheError] = {}
         for node, replies in results.items():
-            if isinstance(replies, FastCacheError):
-                failed[node] = replies
-            elif isinstance(replies[0], CommandError):
-                failed[node] = replies[0]
+            error = _node_failure(replies)
+            if error is not None:
+                failed[node] = error
         return failed
 
     async def version(self, *, nodes: Iterable[int] | None = None) -> dict[str, str]:
@@ -490,6 +483,14 @@ class CommandSet(MetaCommands):
                 raise reply
             answers[self.cluster.node_ids[node]] = reply
         return answers
+
+
+def _node_failure(replies: list[Any] | FastCacheError) -> FastCacheError | None:
+    """A node's part of a pipelined call failed: its transport's error, or the first
+    reply that is an error (the ``_by_node`` forms keep the other nodes' answers)."""
+    if isinstance(replies, FastCacheError):
+        return replies
+    return next((reply for reply in replies if isinstance(reply, CommandError)), None)
 
 
 def _raise_first_error(results: Replies) -> dict[int, list[Any]]:

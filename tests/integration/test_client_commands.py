@@ -703,6 +703,14 @@ def test_invalid_keys_are_refused_even_when_no_server_listens(run: Runner) -> No
     run([f"127.0.0.1:{free_port()}"], scenario, connect_timeout=2.0)
 
 
+def _placed(
+    client: CommandSet, keys: list[bytes], location: str
+) -> tuple[dict[bytes, int], list[bytes]]:
+    """Each key's node (by index), and the keys placed on the node at ``location``."""
+    on = {key: client.cluster.node_index(key) for key in keys}
+    return on, [key for key in keys if client.cluster.node_ids[on[key]] == location]
+
+
 def test_delete_many_and_flush_all_by_node_report_each_failed_node(
     run: Runner, memcached: MemcachedServer
 ) -> None:
@@ -712,8 +720,7 @@ def test_delete_many_and_flush_all_by_node_report_each_failed_node(
     keys = [b"key-%d" % i for i in range(40)]
 
     async def scenario(client: CommandSet) -> Any:
-        on = {key: client.cluster.node_index(key) for key in keys}
-        up = [key for key in keys if client.cluster.node_ids[on[key]] == memcached.location]
+        on, up = _placed(client, keys, memcached.location)
         for key in up[::2]:
             await client.set(key, b"v")
         with pytest.raises(ConnectFailedError):
@@ -750,8 +757,7 @@ def test_get_many_by_node_keeps_the_answers_of_the_nodes_that_answered(
     keys = [b"key-%d" % i for i in range(40)]
 
     async def scenario(client: CommandSet) -> Any:
-        on = {key: client.cluster.node_index(key) for key in keys}
-        up = [key for key in keys if client.cluster.node_ids[on[key]] == memcached.location]
+        on, up = _placed(client, keys, memcached.location)
         for key in up:
             await client.set(key, b"v" + key)
         with pytest.raises(ConnectFailedError):
