@@ -566,17 +566,19 @@ class FastCache(BaseCache):
         version: int | None = None,
     ) -> list[Any]:
         originals: dict[bytes, Any] = {}
-        triples: list[tuple[bytes, bytes, int]] = []
-        too_large: list[bytes] = []
+        # By made key: two keys that make the same one (7 and "7") are one write, the last
+        # (as two sets of it would leave), not two writes of one key in one call, of which
+        # the disk tier could keep neither copy.
+        encoded_by_wire: dict[bytes, tuple[bytes, int] | None] = {}
         for key, value in data.items():
             wire = self.wire_key(key, version)
             originals[wire] = key
             try:
-                encoded, flags = self._encode(value, wire)
+                encoded_by_wire[wire] = self._encode(value, wire)
             except ValueTooLargeError:
-                too_large.append(wire)
-                continue
-            triples.append((wire, encoded, flags))
+                encoded_by_wire[wire] = None
+        triples = [(w, *found) for w, found in encoded_by_wire.items() if found is not None]
+        too_large = [w for w, found in encoded_by_wire.items() if found is None]
         store = self._store
         ttl = self._ttl(timeout)
         failed = await store.set_many(client, triples, ttl) if triples else []
