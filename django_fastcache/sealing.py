@@ -20,7 +20,7 @@ import hmac
 import logging
 import time
 from hashlib import blake2b
-from typing import Any, Final
+from typing import Final
 
 from .serializers import FLAG_INTEGER, FLAG_LONG
 
@@ -90,8 +90,10 @@ class Sealer:
         self._fallbacks = [blake2b(key=k, digest_size=TAG_SIZE) for k in fallbacks]
         self.refusals = Refusals() if refusals is None else refusals
 
-    def _tag(self, wire_key: bytes, flags: int, data: bytes, keyed: Any = None) -> bytes:
-        mac = (self._mac if keyed is None else keyed).copy()
+    @staticmethod
+    def _tag(keyed: blake2b, wire_key: bytes, flags: int, data: bytes) -> bytes:
+        """The tag of a value, by the hasher ``keyed`` with a sealing key."""
+        mac = keyed.copy()
         # A key never holds a space: no (key, flags, value) can pass for another. (The
         # key and flags in one update, one call fewer; the value, maybe large, not copied.)
         mac.update(wire_key + _FLAG_FIELDS[flags])
@@ -103,7 +105,7 @@ class Sealer:
         serializer's, below :data:`FLAG_SEALED`."""
         if flags in _UNSEALED_OK:
             return data, flags
-        return self._tag(wire_key, flags, data) + data, flags | FLAG_SEALED
+        return self._tag(self._mac, wire_key, flags, data) + data, flags | FLAG_SEALED
 
     def open(self, wire_key: bytes, data: bytes, flags: int) -> tuple[bytes, int] | None:
         """The serializer's ``(data, flags)`` of a value read back, or None when it must
@@ -113,10 +115,10 @@ class Sealer:
             payload = data[TAG_SIZE:]
             if len(data) >= TAG_SIZE and flags < FLAG_SEALED:
                 tag = data[:TAG_SIZE]
-                if _compare_digest(tag, self._tag(wire_key, flags, payload)):
+                if _compare_digest(tag, self._tag(self._mac, wire_key, flags, payload)):
                     return payload, flags
                 for fallback in self._fallbacks:  # (a rotation's older secrets)
-                    if _compare_digest(tag, self._tag(wire_key, flags, payload, fallback)):
+                    if _compare_digest(tag, self._tag(fallback, wire_key, flags, payload)):
                         return payload, flags
             self.refusals.refuse(
                 wire_key,

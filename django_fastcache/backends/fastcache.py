@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from django.conf import settings
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, InvalidCacheKey
@@ -181,13 +181,18 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
     return Shared(client, blocking, tiered, tiered)
 
 
+#: Deltas within this are counted by memcached, and compare as machine integers compiled.
+_SMALL: Final = 2**62 - 1
+
+
 def _delta(delta: Any) -> int:
     """An ``incr``/``decr`` delta: an int (not a bool) memcached can count by, else refused
     as the protocol's encoders refuse it, before any request (a store may ask memcached
     something before it encodes the increment)."""
     if type(delta) is not int:
         raise InvalidArgumentError(f"delta must be an int, got {type(delta).__name__}")
-    if not -UINT64_MAX <= delta <= UINT64_MAX:
+    # (The first test in machine integers, compiled; the second only for deltas past them.)
+    if not -_SMALL <= delta <= _SMALL and not -UINT64_MAX <= delta <= UINT64_MAX:
         raise InvalidArgumentError(
             f"delta must be between {-UINT64_MAX} and {UINT64_MAX}, got {delta}"
         )
