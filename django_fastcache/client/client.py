@@ -14,6 +14,7 @@ request's answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +26,7 @@ from .address import Address
 from .batching import GetBatcher, Round  # at import: a first get must not need a file (see Lane)
 from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
-from .connection import Connection
+from .connection import Connection, WriteReply
 from .events import NodeEventCallback, NodeHealth
 from .metrics import ClientMetrics, MetricsSnapshot
 from .pipelining import UNLIMITED, Lane
@@ -313,7 +314,11 @@ class Client(CommandSet):
         try:
             reply = await future
         except asyncio.CancelledError:
-            pool.discard(connection, ConnectionLostError("request cancelled"))
+            if future.cancelled():  # a retrieval's: its reply, still due, would be misread
+                pool.discard(connection, ConnectionLostError("request cancelled"))
+            else:  # a write's, cancelled once it was answered (WriteReply): in step
+                pool.release(connection)  # (or aborted already: the pool lets it go)
+                _failure_seen(pool, kind, future)
             raise
         except BaseException as exc:
             pool.release(connection)  # aborted already: the pool lets it go
@@ -368,10 +373,12 @@ class Client(CommandSet):
             if connection.on_drained is not None and not connection.in_flight:
                 connection.on_drained(connection)  # nothing will drain it: give it back
             raise
-        # A cancelled caller just stops waiting: its reply is read (and dropped) in turn.
+        # A cancelled retrieval just stops waiting: its reply is read (and dropped) in
+        # turn. A cancelled write waits for its reply first (WriteReply).
         try:
             reply = await future
         except asyncio.CancelledError:
+            _failure_seen(pool, kind, future)
             raise
         except BaseException as exc:
             pool.failed(kind, exc)
@@ -403,6 +410,7 @@ class Client(CommandSet):
         try:
             replies = [await future for future in futures]
         except asyncio.CancelledError:
+            await _writes_answered(futures)  # before the connection is reset under them
             pool.discard(connection, ConnectionLostError("request cancelled"))
             _consume(futures)
             raise
@@ -502,6 +510,24 @@ _RETRIEVAL = ReplyKind.RETRIEVAL
 _running_loop = asyncio.get_running_loop
 #: Keys whose node is remembered, at most (then forgotten all at once).
 _PLACEMENT_MEMO_SIZE = 16384
+
+
+async def _writes_answered(futures: list[asyncio.Future[Any]]) -> None:
+    """Wait, through further cancellations, until each write among ``futures`` is answered
+    or failed (see :class:`WriteReply`; each one's deadline bounds the wait)."""
+    for future in futures:
+        while isinstance(future, WriteReply) and not future.done():
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await future
+
+
+def _failure_seen(pool: Pool, kind: ReplyKind, future: asyncio.Future[Any]) -> None:
+    """A write whose caller was cancelled once it failed (a timeout, a lost connection):
+    the node's health and metrics count the failure as if the caller had seen it."""
+    if future.done() and not future.cancelled():
+        error = future.exception()
+        if error is not None:
+            pool.failed(kind, error)
 
 
 def _consume(futures: list[asyncio.Future[Any]]) -> None:

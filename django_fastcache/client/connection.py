@@ -41,6 +41,18 @@ class Receiver(Protocol):
     def set_exception(self, exception: BaseException, /) -> None: ...
 
 
+class WriteReply(asyncio.Future[Any]):
+    """The reply of a request that may change what memcached holds (any kind but a
+    retrieval's). Cancelling the caller that awaits it does not cancel it: asyncio then
+    delivers the cancellation once the reply is in, or once the request failed (by its
+    deadline at the latest). memcached keeps the order of one connection's requests only,
+    so a write whose caller stopped waiting could land after a later write of the same
+    key, sent on another connection, and memcached would keep the older value for good."""
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        return False
+
+
 class Connection(asyncio.Protocol):
     """A pipelined memcached connection. Create it through :func:`open_connection`."""
 
@@ -169,7 +181,7 @@ class Connection(asyncio.Protocol):
         aborted and every pending request fails with :class:`OperationTimeoutError`."""
         if self._closed_error is not None or self._transport is None:
             raise self._closed_error or ConnectionLostError("connection is closed")
-        future: asyncio.Future[Any] = self._loop.create_future()
+        future = self._reply_future(kind)
         self._pending.append((future, kind, keys))
         self._deadlines.append(deadline)
         self._arm(deadline)
@@ -187,14 +199,19 @@ class Connection(asyncio.Protocol):
         ``expected``: per reply, the keys a retrieval asked for."""
         if self._closed_error is not None or self._transport is None:
             raise self._closed_error or ConnectionLostError("connection is closed")
-        create = self._loop.create_future
-        futures: list[asyncio.Future[Any]] = [create() for _ in kinds]
+        create = self._reply_future
+        futures = [create(kind) for kind in kinds]
         keys = expected if expected is not None else [None] * len(kinds)
         self._pending.extend(zip(futures, kinds, keys))
         self._deadlines.extend([deadline] * len(kinds))
         self._arm(deadline)
         self._transport.write(data)
         return futures
+
+    def _reply_future(self, kind: ReplyKind) -> asyncio.Future[Any]:
+        if kind is _RETRIEVAL:  # nothing changes: the caller may stop waiting at once
+            return self._loop.create_future()
+        return WriteReply(loop=self._loop)
 
     def request_soon(
         self,
@@ -209,7 +226,7 @@ class Connection(asyncio.Protocol):
         idle connection they go at once (a lone caller waits for no extra turn)."""
         if self._closed_error is not None or self._transport is None:
             raise self._closed_error or ConnectionLostError("connection is closed")
-        future: asyncio.Future[Any] = self._loop.create_future()
+        future = self._reply_future(kind)
         pending = self._pending
         idle = not pending
         pending.append((future, kind, keys))
@@ -329,6 +346,9 @@ class Connection(asyncio.Protocol):
 
 # SO_LINGER on, for 0 seconds: close() resets the connection.
 _ABORT_LINGER = struct.pack("ii", 1, 0)
+
+
+_RETRIEVAL = ReplyKind.RETRIEVAL
 
 
 def _reset_on_close(transport: asyncio.BaseTransport) -> None:

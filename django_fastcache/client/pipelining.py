@@ -9,8 +9,10 @@ made on one connection in one turn of the loop go out in one write, so many call
 send and, usually, one receive. A connection goes back to the pool as soon as nothing is
 pending on it.
 
-A caller cancelled while its request is in flight stops waiting; its reply is still read
-(and dropped) in its turn, so the others' replies stay in step. A reply that does not come
+A retrieval cancelled while its request is in flight stops waiting; its reply is still
+read (and dropped) in its turn, so the others' replies stay in step. A write's caller is
+cancelled only once its reply is in (:class:`~.connection.WriteReply`), so that it cannot
+land after a later write sent on another connection. A reply that does not come
 by the oldest request's deadline fails every request on the connection, which is dropped.
 """
 

@@ -309,6 +309,9 @@ def test_waiting_for_a_busy_pool_is_bounded_by_the_timeout(
             # The set still held the only slot when the gets failed.
             assert not hung.done()
             hung.cancel()
+            # A cancelled write ends once answered or failed: here the server's connections
+            # close under it.
+            await asyncio.to_thread(fake.stop)
             results.append(await asyncio.gather(hung, return_exceptions=True))
             return results
         finally:

@@ -10,6 +10,7 @@ connection it counts is idle, none is lost) and every call must get its own answ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import random
 import time
@@ -291,5 +292,189 @@ def test_cancelled_backend_calls_with_the_tier_on_leave_the_pool_whole(
         assert stats["fallbacks"] == fallbacks  # every one answered by memcached
         assert stats["nodes"][server.location]["state"] == "up"
         await cache.client.aclose()
+
+    run(scenario())
+
+
+class GatedForwarder:
+    """A loopback forwarder to memcached that can hold back what one of its connections
+    sends: memcached has the request but has not run it yet (its worker thread busy). The
+    bytes held are passed on, in order, when the gate opens; no timing is involved."""
+
+    def __init__(self, upstream: MemcachedServer) -> None:
+        self.upstream = upstream
+        self.connections = 0
+        self.gated: set[int] = set()
+        self._held: dict[int, list[bytes]] = {}
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._server: asyncio.Server | None = None
+        self.location = ""
+
+    async def start(self) -> GatedForwarder:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.location = f"127.0.0.1:{port}"
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = self.connections
+        self.connections += 1
+        host, _, port = self.upstream.location.rpartition(":")
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        self._writers[number] = up_writer
+
+        async def replies() -> None:
+            while data := await up_reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+
+        back = asyncio.ensure_future(replies())
+        try:
+            while data := await reader.read(65536):
+                if number in self.gated:
+                    self._held.setdefault(number, []).append(data)
+                else:
+                    up_writer.write(data)
+                    await up_writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            back.cancel()
+
+    def open(self, number: int) -> None:
+        self.gated.discard(number)
+        for data in self._held.pop(number, []):
+            self._writers[number].write(data)
+
+    def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers.values():
+            writer.close()
+
+
+async def _loop_turns(count: int = 20) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+WRITES: dict[str, Callable[[Client], Coroutine[Any, Any, Any]]] = {
+    "set": lambda client: client.set(b"w", b"A"),
+    "set_many": lambda client: client.set_many([(b"w", b"A", 0), (b"w2", b"A", 0)]),
+    "delete": lambda client: client.delete(b"w"),
+    "incr": lambda client: client.incr(b"n", 5),
+}
+
+
+@pytest.mark.parametrize("pipelining", [True, False], ids=["pipelined", "one-per-connection"])
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_a_cancelled_write_ends_its_call_only_once_memcached_answered_it(
+    run: Callable[[Coroutine[Any, Any, Any]], Any],
+    server: MemcachedServer,
+    write: str,
+    pipelining: bool,
+) -> None:
+    """memcached keeps the order of one connection's requests only. A write whose caller
+    stopped waiting could still land after a later write of the same key sent on another
+    connection, so the cancelled call ends once its reply is in, and what it wrote is there."""
+
+    async def scenario() -> None:
+        forwarder = await GatedForwarder(server).start()
+        client = Client([forwarder.location], pipelining=pipelining, timeout=5.0)
+        try:
+            assert await client.set(b"w", b"old")
+            assert await client.set(b"n", b"1")
+            forwarder.gated.add(0)
+            task = asyncio.ensure_future(WRITES[write](client))
+            await _loop_turns()
+            task.cancel()
+            await _loop_turns()
+            assert not task.done()  # its request unanswered: the call goes on
+            forwarder.open(0)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            found = await client.get_many([b"w", b"n"])
+            if write == "delete":
+                assert b"w" not in found
+            elif write == "incr":
+                assert found[b"n"].value == b"6"
+            else:
+                assert found[b"w"].value == b"A"
+            assert await client.set(b"w", b"B")
+            assert (await client.get(b"w")) == Item(b"w", b"B", 0, None)
+        finally:
+            await client.aclose()
+            forwarder.close()
+
+    run(scenario())
+
+
+def test_a_cancelled_read_ends_its_call_at_once(
+    run: Callable[[Coroutine[Any, Any, Any]], Any], server: MemcachedServer
+) -> None:
+    """A read changes nothing: its caller stops waiting at once, its reply is dropped."""
+
+    async def scenario() -> None:
+        forwarder = await GatedForwarder(server).start()
+        client = Client([forwarder.location], timeout=5.0)
+        try:
+            assert await client.set(b"r", b"value")
+            forwarder.gated.add(0)
+            task = asyncio.ensure_future(client.get(b"r"))
+            await _loop_turns()
+            task.cancel()
+            await _loop_turns()
+            assert task.cancelled()
+            forwarder.open(0)
+            assert await client.get(b"r") == Item(b"r", b"value", 0, None)
+        finally:
+            await client.aclose()
+            forwarder.close()
+
+    run(scenario())
+
+
+def test_a_cancelled_write_never_lands_after_a_later_acknowledged_one(
+    run: Callable[[Coroutine[Any, Any, Any]], Any], server: MemcachedServer, disk_directory: str
+) -> None:
+    """The way it was found, through the backend with the disk tier on: an aset cancelled on
+    a busy connection, then, once that call ended, an aset of the same key, which goes out
+    on another connection. Before the fix the cancelled call ended at once, the later write
+    was acknowledged first, and memcached kept the cancelled value for good."""
+    from django_fastcache.client.pipelining import PIPELINE_DEPTH
+
+    async def scenario() -> None:
+        forwarder = await GatedForwarder(server).start()
+        cache = FastCache(
+            [forwarder.location],
+            {"OPTIONS": {"disk_directory": disk_directory, "operation_timeout": 5.0}},
+        )
+
+        async def writer(cancelled: asyncio.Future[None]) -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await cancelled
+            await cache.aset("k", "B")
+
+        try:
+            await cache.aset("k", "B0")
+            forwarder.gated.add(0)  # memcached holds back connection 0's requests
+            # Connection 0 full of requests, so that the next write takes another.
+            fillers = [
+                asyncio.ensure_future(cache.aset(f"other{i}", i)) for i in range(PIPELINE_DEPTH - 1)
+            ]
+            cancelled = asyncio.ensure_future(cache.aset("k", "A"))
+            await _loop_turns()
+            cancelled.cancel()
+            after = asyncio.ensure_future(writer(cancelled))
+            await _loop_turns()
+            if cancelled.done():  # (before the fix) ended with its write unanswered
+                await after
+            forwarder.open(0)
+            await asyncio.gather(*fillers)
+            await after
+            assert await cache.aget("k") == "B"
+        finally:
+            await cache.client.aclose()
+            forwarder.close()
 
     run(scenario())
