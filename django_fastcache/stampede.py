@@ -5,9 +5,10 @@ When a value is missing, ``mg <key> c N<lease>`` makes memcached create an empty
 every other caller sees ``Z`` and waits, polling with backoff, for the value to appear.
 The winner computes it and stores it with ``ms … C<cas>``: a ``set`` or ``delete`` that
 lands while it computes changes the CAS and wins (the winner's value is then returned to
-its caller but not stored). A winner that raises deletes its stub (``md … C<cas>``) so
-the next caller wins at once; one that dies leaves the stub to expire after
-``stampede_lease`` seconds, and a waiter's next poll wins then.
+its caller but not stored). A winner that raises (or is cancelled) deletes its stub
+(``md … C<cas>``, see :func:`let_go`) so the next caller wins at once; one that dies
+leaves the stub to expire after ``stampede_lease`` seconds, and a waiter's next poll wins
+then.
 
 With ``stale_while_revalidate`` the lease is also handed out during a value's last seconds
 (``R<seconds>``) while the others keep getting the current value, and a value marked stale
@@ -35,9 +36,10 @@ import inspect
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from .client.blocking import BlockingClient
 from .client.cluster import Cluster
 from .client.commands import CommandSet
 from .errors import FastCacheError, NetworkError, ProtocolError
@@ -288,14 +290,42 @@ async def _recompute(
 
 
 async def release(client: CommandSet, wire: bytes, lease: MetaReply, stub: bool) -> None:
-    """Give back a lease whose winner failed: its stub deleted (if still its own), or a
-    stale value marked stale again, so that the next caller wins at once. A win near
-    expiry needs nothing: the value still serves, and expires as it would have."""
-    with contextlib.suppress(FastCacheError, asyncio.CancelledError):
-        if stub:
-            await client.meta_delete(wire, cas=lease.cas)
-        elif lease.stale:
-            await client.meta_delete(wire, cas=lease.cas, invalidate=True)
+    """Give back a lease whose winner failed (or was cancelled): its stub deleted (if still
+    its own), or a stale value marked stale again, so that the next caller wins at once. A
+    win near expiry needs nothing: the value still serves, and expires as it would have."""
+    if stub:
+        await let_go(client, client.meta_delete(wire, cas=lease.cas))
+    elif lease.stale:
+        await let_go(client, client.meta_delete(wire, cas=lease.cas, invalidate=True))
+
+
+#: Give-backs still running after their caller was cancelled (the event loop keeps only a
+#: weak reference to a task).
+_letting_go: set[asyncio.Future[None]] = set()
+
+
+async def let_go(client: CommandSet, give_back: Coroutine[Any, Any, object]) -> None:
+    """Run ``give_back``, the ``md`` that gives a lease back, to its end; memcached's errors
+    are let go (the stub then expires with its lease).
+
+    A cancellation of the caller (the one that brought it here, or another landing
+    meanwhile) must not cut it short: a request cut short may never reach memcached, and
+    a stub left behind reads as a miss that nobody holds the CAS to replace until it
+    expires. On the asyncio client it runs as a task of its own, which the caller's
+    cancellation does not reach (the caller's CancelledError is raised at once all the
+    same). The blocking client's coroutines never suspend, and need no loop: in place."""
+    if isinstance(client, BlockingClient):
+        await _quietly(give_back)
+        return
+    task = asyncio.ensure_future(_quietly(give_back))
+    _letting_go.add(task)
+    task.add_done_callback(_letting_go.discard)
+    await asyncio.shield(task)
+
+
+async def _quietly(request: Coroutine[Any, Any, object]) -> None:
+    with contextlib.suppress(FastCacheError):
+        await request
 
 
 async def _unprotected(
@@ -401,6 +431,7 @@ __all__ = [
     "invalidate",
     "is_stub",
     "is_stub_now",
+    "let_go",
     "makes_stubs",
     "meta_support",
     "release",

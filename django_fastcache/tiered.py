@@ -42,7 +42,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, cast
 
@@ -76,6 +76,7 @@ from .handles import Handle
 from .logs import RateLimit, logger
 from .protocol import MetaReply, MetaStatus, MetaUnsupportedError
 from .serializers import FLAG_INTEGER
+from .stampede import let_go
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -634,7 +635,9 @@ class TieredStore:
                     self._memcached_failed(node, exc, read=True)
         return entry.data, entry.flags
 
-    async def _refill(self, client: CommandSet, key: bytes, entry: DiskEntry) -> bool:
+    async def _refill(
+        self, client: CommandSet, key: bytes, entry: DiskEntry, take_over: bool = False
+    ) -> bool:
         """Put ``entry`` back into memcached, unless a write or delete of the key lands
         meanwhile: True when stored.
 
@@ -642,20 +645,34 @@ class TieredStore:
         a value written since, or another caller's stub, and leaves it). The stamp is then
         checked again: a write or delete stamps before it reaches memcached, so one that
         landed before the stub was made shows here, and the stub is given back. One that
-        lands later replaces or deletes the stub, and the CAS store fails."""
+        lands later replaces or deletes the stub, and the CAS store fails.
+
+        ``take_over``: another caller's stub is replaced too, with its CAS, as an add
+        replaces one (for an incr, whose ``entry`` is the key's latest value under its own
+        stamp). A stub whose holder died, or whose ``mg`` reply never reached it, is never
+        given back: left, it would keep the counter missing until it expires."""
         lease = await client.meta_get(
-            key, value=False, cas=True, client_flags=False, vivify=self.lease_seconds
+            key, value=take_over, cas=True, client_flags=take_over, vivify=self.lease_seconds
         )
-        if lease is None or not lease.win:
+        if lease is None:
+            return False
+        if not lease.win and (
+            not take_over
+            or lease.stale
+            or not _is_stub(lease.value or b"", lease.client_flags or 0)
+        ):
             return False
         if self.stamps.current(key) != entry.stamp:
-            with contextlib.suppress(FastCacheError):
-                await client.meta_delete(key, cas=lease.cas)
+            if lease.win:
+                await let_go(client, client.meta_delete(key, cas=lease.cas))
             return False
         now = _now()
         exptime = memcached_exptime(entry.remaining_seconds(now), now)
-        stored = await client.meta_set(
-            key, entry.data, flags=entry.flags, exptime=exptime, cas=lease.cas
+        stored = await _stored_under(
+            client,
+            key,
+            lease,
+            client.meta_set(key, entry.data, flags=entry.flags, exptime=exptime, cas=lease.cas),
         )
         if stored.status is MetaStatus.HD:
             self.metrics.refills += 1
@@ -1043,8 +1060,7 @@ class TieredStore:
             if lease.stale or not _is_stub(lease.value or b"", lease.client_flags or 0):
                 if lease.win and lease.stale:
                     # Reading a stale value took its win: mark it stale again.
-                    with contextlib.suppress(FastCacheError):
-                        await client.meta_delete(key, cas=lease.cas, invalidate=True)
+                    await let_go(client, client.meta_delete(key, cas=lease.cas, invalidate=True))
                 return False  # memcached holds a value
             # A stub: this caller's lease, or another's. The stamp is read after it, so a
             # write or delete stamped before it shows here; one stamped later lands in
@@ -1058,8 +1074,13 @@ class TieredStore:
                     now = _now()
                     exptime = memcached_exptime(entry.remaining_seconds(now), now)
                     with contextlib.suppress(FastCacheError):
-                        stored = await client.meta_set(
-                            key, entry.data, flags=entry.flags, exptime=exptime, cas=lease.cas
+                        stored = await _stored_under(
+                            client,
+                            key,
+                            lease,
+                            client.meta_set(
+                                key, entry.data, flags=entry.flags, exptime=exptime, cas=lease.cas
+                            ),
                         )
                         if stored.status is MetaStatus.HD:
                             self.metrics.refills += 1
@@ -1067,8 +1088,13 @@ class TieredStore:
             stamp = self.stamps.bump(key, gone=ttl is not None and ttl <= 0)
             bumped[:] = [prev, stamp]
             now = _now()
-            stored = await client.meta_set(
-                key, data, flags=flags, exptime=memcached_exptime(ttl, now), cas=lease.cas
+            stored = await _stored_under(
+                client,
+                key,
+                lease,
+                client.meta_set(
+                    key, data, flags=flags, exptime=memcached_exptime(ttl, now), cas=lease.cas
+                ),
             )
             if stored.status is MetaStatus.HD:
                 self._queue(key, stamp, data, flags, ttl, now)
@@ -1445,6 +1471,13 @@ class TieredStore:
                     count = await self._incr_up(client, key, delta, line, bumped, node, epoch)
                 except _WentOutBeforeSending:
                     pass  # nothing sent: counted on disk like any write of an outage
+                except _StubStayed:
+                    # Not a miss (get answers the disk's counter), and not counted: the
+                    # caller may count again.
+                    raise OutcomeUnknownError(
+                        f"the increment of {key.decode(errors='replace')!r} was not made: "
+                        "memcached kept the key's lease stub through every try"
+                    ) from None
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
                     strict = _may_have_run(exc)
@@ -1612,9 +1645,16 @@ class TieredStore:
                 if entry is None:
                     return None  # missing in both tiers
             # memcached lost the counter, the disk has it: put it back, and count on it.
+            # Over another caller's stub too: get answers the disk's value meanwhile, and a
+            # stub nobody gives back would leave this incr nothing to count on.
             restored = DiskEntry(entry.data, entry.flags, entry.written_at, entry.expire_at, stamp)
-            if not await self._refill(client, key, restored):
-                await _pause(client, _STUB_PAUSE)  # another caller's lease: let it finish
+            if not await self._refill(client, key, restored, take_over=True):
+                await _pause(client, _STUB_PAUSE)  # a value now, or raced by a write: again
+        if entry is not None and self._slot_still(key, bumped):
+            # Counted nothing, and the key's value is still the disk's: its copy answers
+            # again under this stamp (which hides it) rather than the counter going missing.
+            self._behind(key, stamp, entry.data, entry.flags, entry.expire_at, entry.written_at)
+            raise _StubStayed
         return None
 
     def _incr_on_disk(
@@ -1907,8 +1947,23 @@ async def _give_back(client: CommandSet, key: bytes, held: MetaReply | None) -> 
     it stale again (``md … I C<cas>``, keeping its TTL) so that get_or_set's next caller
     wins."""
     if held is not None and held.stale and held.win:
-        with contextlib.suppress(FastCacheError):
-            await client.meta_delete(key, cas=held.cas, invalidate=True)
+        await let_go(client, client.meta_delete(key, cas=held.cas, invalidate=True))
+
+
+async def _stored_under(
+    client: CommandSet, key: bytes, lease: MetaReply, store: Coroutine[Any, Any, MetaReply]
+) -> MetaReply:
+    """``store``, the ``ms … C<cas>`` of ``lease``'s holder. Cancelled meanwhile, the store
+    may never have reached memcached: a stub this caller won is given back (deleted under
+    its CAS, which fails if the store did land), as a refill that finds the key written
+    gives it back, so that it does not read as a miss until it expires (a stale value's
+    win is marked stale again, as :func:`_give_back` does)."""
+    try:
+        return await store
+    except asyncio.CancelledError:
+        if lease.win:
+            await let_go(client, client.meta_delete(key, cas=lease.cas, invalidate=lease.stale))
+        raise
 
 
 async def _pause(client: CommandSet, seconds: float) -> None:
@@ -1922,6 +1977,11 @@ async def _pause(client: CommandSet, seconds: float) -> None:
 
 class _WentOutBeforeSending(Exception):
     """An increment's node went out between its state read and its stamp (see _incr_up)."""
+
+
+class _StubStayed(Exception):
+    """An increment found memcached's key a stub on every try, while the disk held its
+    counter (see _incr_up): nothing was counted."""
 
 
 def _outcome_unknown(key: bytes, what: str = "increment") -> OutcomeUnknownError:
