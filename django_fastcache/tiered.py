@@ -1286,9 +1286,7 @@ class TieredStore:
             entry = self._on_disk(key, prev)
             if entry is None:
                 return False
-            expire_at = None if ttl is None else now + ttl
-            self._behind(key, stamp, entry.data, entry.flags, expire_at, entry.written_at)
-            return True
+            return self._touched_on_disk(key, stamp, entry, None if ttl is None else now + ttl)
         if held is not None and held.stale:
             # Marked stale by invalidate(): touched, and no disk copy (the value is on its
             # way out); a win this read took goes back to get_or_set.
@@ -1303,10 +1301,26 @@ class TieredStore:
             return False
         # memcached lost it, the disk has it: back into memcached with the new expiry.
         expire_at = None if ttl is None else now + ttl
+        if not self._touched_on_disk(key, stamp, entry, expire_at):
+            return False
         touched_entry = DiskEntry(entry.data, entry.flags, entry.written_at, expire_at, stamp)
-        self._behind(key, stamp, entry.data, entry.flags, expire_at, entry.written_at)
         with contextlib.suppress(FastCacheError):
             await self._refill(client, key, touched_entry)
+        return True
+
+    def _touched_on_disk(
+        self, key: bytes, stamp: int, entry: DiskEntry, expire_at: float | None
+    ) -> bool:
+        """The disk entry of a key memcached lost, touched: landed at once with its new
+        expiry under the touch's stamp, which hid the entry it replaces. Queued for the
+        writer behind, it would leave the key missing until landed, in every process, where
+        get answered it before the touch (for good without a refill, as under the classic
+        protocol). False when the disk failed: the key misses, as get then answers."""
+        try:
+            self._land_now(key, stamp, entry.data, entry.flags, expire_at, entry.written_at)
+        except DiskError as exc:
+            self._disk_failed(key, exc)
+            return False
         return True
 
     def _touch_on_disk(self, key: bytes, ttl: float | None, bumped: list[int]) -> bool:

@@ -296,6 +296,47 @@ def meta_commands_sent(cache: FastCache) -> int:
     )
 
 
+@pytest.mark.parametrize("protocol", ["classic", "meta"])
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_a_key_only_the_disk_holds_is_answered_right_after_a_touch(
+    memcached: MemcachedServer, disk_directory: str, protocol: str, api: str
+) -> None:
+    """touch agrees with get: the touch stamps the key, which hides the entry it read, so
+    the entry with its new expiry is landed at once. Queued behind, the key missed until the
+    writer landed it (for good under the classic protocol, which puts nothing back into
+    memcached), in this process and in any other."""
+    cache = make_cache(memcached.location, disk_directory, protocol=protocol)
+    other = make_cache(memcached.location, disk_directory, protocol=protocol)
+    cache.set("k", "v", timeout=1000)
+    landed(cache)
+    memcached.flush()  # memcached lost it: the disk answers (not read here: a get would
+    # put it back into memcached, under the meta protocol)
+    tiered(cache).behind.pause()  # nothing queued lands: only what the touch landed itself
+    try:
+        before = time.time()
+        if api == "sync":
+            assert cache.touch("k", 2000) is True
+        else:
+
+            async def touch() -> bool:
+                try:
+                    return await cache.atouch("k", 2000)
+                finally:
+                    await cache.client.aclose()
+
+            assert asyncio.run(touch()) is True
+        after = time.time()
+        assert cache.get("k") == "v"
+        assert other.get("k") == "v"
+        store = tiered(cache)
+        entry = store.disk.get(cache.wire_key("k"))
+        assert entry is not None
+        assert entry.stamp == store.stamps.current(cache.wire_key("k"))
+        assert_expires(entry, 2000, before, after)
+    finally:
+        tiered(cache).behind.resume()
+
+
 def test_protocol_classic_sends_no_meta_command_and_the_tier_keeps_its_guarantees(
     memcached: MemcachedServer, disk_directory: str, raw: Raw
 ) -> None:
