@@ -11,7 +11,12 @@ Raw integers stay unsealed: memcached's ``incr``/``decr`` rewrite them in place,
 reading one back runs no code (``int()``).
 
 Wire format of a sealed value: the 16-byte tag, then the serializer's bytes; the flags get
-:data:`FLAG_SEALED`. See docs/security.md.
+:data:`FLAG_SEALED`. The tag's first byte is stored with its high bit set: memcached's
+``incr``/``decr`` take any value that starts with digits (after blanks) as a number, and a
+tag starting with a digit then a blank ("3\v...") would be counted, and the value lost,
+where they must refuse it. A first byte of 0x80 or more starts no number. Tags stored before
+(the high bit as the hash made it) still open: the bit is left out of the comparison. See
+docs/security.md.
 """
 
 from __future__ import annotations
@@ -105,7 +110,8 @@ class Sealer:
         serializer's, below :data:`FLAG_SEALED`."""
         if flags in _UNSEALED_OK:
             return data, flags
-        return self._tag(self._mac, wire_key, flags, data) + data, flags | FLAG_SEALED
+        tag = self._tag(self._mac, wire_key, flags, data)
+        return b"%c%s%s" % (tag[0] | 0x80, tag[1:], data), flags | FLAG_SEALED
 
     def open(self, wire_key: bytes, data: bytes, flags: int) -> tuple[bytes, int] | None:
         """The serializer's ``(data, flags)`` of a value read back, or None when it must
@@ -114,11 +120,14 @@ class Sealer:
             flags ^= FLAG_SEALED
             payload = data[TAG_SIZE:]
             if len(data) >= TAG_SIZE and flags < FLAG_SEALED:
-                tag = data[:TAG_SIZE]
-                if _compare_digest(tag, self._tag(self._mac, wire_key, flags, payload)):
+                # The tag with its first byte's high bit set, however it was stored.
+                tag = b"%c%s" % (data[0] | 0x80, data[1:TAG_SIZE])
+                expected = self._tag(self._mac, wire_key, flags, payload)
+                if _compare_digest(tag, b"%c%s" % (expected[0] | 0x80, expected[1:])):
                     return payload, flags
                 for fallback in self._fallbacks:  # (a rotation's older secrets)
-                    if _compare_digest(tag, self._tag(fallback, wire_key, flags, payload)):
+                    expected = self._tag(fallback, wire_key, flags, payload)
+                    if _compare_digest(tag, b"%c%s" % (expected[0] | 0x80, expected[1:])):
                         return payload, flags
             self.refusals.refuse(
                 wire_key,
