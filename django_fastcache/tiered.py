@@ -1635,6 +1635,7 @@ class TieredStore:
         if self.states.epoch(node) != epoch:
             raise _WentOutBeforeSending
         entry: DiskEntry | None = None
+        refused_digits = False
         for _try in range(_STUB_TRIES):
             now = _now()
             count: tuple[int, int | None] | None
@@ -1647,8 +1648,11 @@ class TieredStore:
             except CommandError:
                 held = await client.get(key)
                 if held is not None and not _is_stub(held.value, held.flags):
-                    if not held.value.strip().isdigit():
-                        raise  # not a number
+                    # Not a number; or digits refused twice: memcached's own reason (digits
+                    # beyond 2**64 - 1, out of memory), not a stub replaced meanwhile.
+                    if not held.value.strip().isdigit() or refused_digits:
+                        raise
+                    refused_digits = True
                     continue  # a stub then, replaced by its value since: count again
                 count = None  # a stub: the value is missing, or on its way back from disk
             if count is not None:

@@ -1421,3 +1421,27 @@ def test_a_tier_whose_node_states_cannot_be_mapped_is_not_built(disk_directory: 
     cache = make_cache(f"127.0.0.1:{free_port()}", disk_directory)
     with pytest.raises(ImproperlyConfigured, match=r"node states at .*nodes cannot be mapped"):
         cache.get("k")
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_an_incr_memcached_refuses_on_digits_raises_its_refusal_not_a_miss(
+    memcached: MemcachedServer, disk_directory: str, api: str
+) -> None:
+    """Digits memcached will not count (beyond 2**64 - 1, stored unsigned as text): the
+    refusal is raised once it repeats, where the increment took it for a stub replaced
+    meanwhile, tried again and again, and reported the key missing."""
+    cache = make_cache(memcached.location, disk_directory)
+    cache.set("big", "18446744073709551616")  # unsealed text (make_cache), all digits
+
+    async def incr_async() -> int:
+        try:
+            return await cache.aincr("big")
+        finally:
+            await cache.client.aclose()
+
+    def incr() -> int:
+        return cache.incr("big") if api == "sync" else asyncio.run(incr_async())
+
+    with pytest.raises(TypeError):  # NonIntegerValueError, as with the tier off
+        incr()
+    assert cache.get("big") == "18446744073709551616"
