@@ -1645,13 +1645,14 @@ class TieredStore:
                 value = await (client.decr(key, -delta) if delta < 0 else client.incr(key, delta))
                 # No TTL to copy: a TTL of 0 queues a delete (the key misses on disk).
                 return None if value is None else (value, 0.0, now)
-            except CommandError:
+            except CommandError as refusal:
                 held = await client.get(key)
                 if held is not None and not _is_stub(held.value, held.flags):
                     # Not a number; or digits refused twice: memcached's own reason (digits
                     # beyond 2**64 - 1, out of memory), not a stub replaced meanwhile.
+                    # (Named, not a bare raise: see _stored_under.)
                     if not held.value.strip().isdigit() or refused_digits:
-                        raise
+                        raise refusal
                     refused_digits = True
                     continue  # a stub then, replaced by its value since: count again
                 count = None  # a stub: the value is missing, or on its way back from disk
@@ -1978,10 +1979,12 @@ async def _stored_under(
     win is marked stale again, as :func:`_give_back` does)."""
     try:
         return await store
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as cancelled:
         if lease.win:
             await let_go(client, client.meta_delete(key, cas=lease.cas, invalidate=lease.stale))
-        raise
+        # Named, not a bare raise: compiled, the exception being handled is not kept
+        # across the await above.
+        raise cancelled
 
 
 async def _pause(client: CommandSet, seconds: float) -> None:
