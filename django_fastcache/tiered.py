@@ -47,10 +47,11 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar, cast
 
 from .bridge import run_blocking
-from .client.blocking import BlockingClient, count_line, counted
+from .client.blocking import BlockingClient, count_line
 from .client.cluster import Cluster
 from .client.commands import CommandSet
 from .client.failures import refusal_error
+from .client.meta import counted
 from .disk import DiskEntry, DiskError, DiskStore, Journal, NodeStates
 from .disk.nodestate import CHECK_INTERVAL
 from .disk.readcopies import LIMIT as READ_COPIES
@@ -59,6 +60,7 @@ from .disk.stamps import WriteStamps, holds_value, slot_of
 from .disk.store import Fields
 from .disk.writebehind import INTERVAL, WriteBehind
 from .errors import (
+    ClientError,
     CommandError,
     ConnectFailedError,
     FastCacheError,
@@ -75,6 +77,7 @@ from .expiry import memcached_exptime
 from .handles import Handle
 from .logs import RateLimit, logger
 from .protocol import MetaReply, MetaStatus, MetaUnsupportedError
+from .protocol.counters import Recount
 from .serializers import FLAG_INTEGER
 from .stampede import let_go
 
@@ -107,6 +110,25 @@ def _is_stub(data: bytes, flags: int) -> bool:
     """A lease's stub: memcached's empty vivified item (flags 0), which FastCache never
     writes as a value."""
     return not data and not flags
+
+
+def _seconds_left(ttl: int | None) -> float | None:
+    """A count's TTL as memcached reports it (-1: none) as the disk copy keeps it."""
+    return None if ttl is None or ttl < 0 else float(ttl)
+
+
+async def _recount(
+    client: CommandSet, node: int, key: bytes, delta: int, refusal: CommandError
+) -> Recount | None:
+    """The increment memcached refused (``refusal``), counted by the client where memcached
+    misread a counter of 2**63 or more (:meth:`~MetaCommands.recount`); None where the
+    refusal stands."""
+    if not isinstance(refusal, ClientError):
+        return None
+    try:
+        return await client.recount(key, delta, refusal, node)
+    except ClientError:
+        return None
 
 
 def _is_value(found: tuple[bytes, int] | None) -> bool:
@@ -1646,10 +1668,15 @@ class TieredStore:
                 # No TTL to copy: a TTL of 0 queues a delete (the key misses on disk).
                 return None if value is None else (value, 0.0, now)
             except CommandError as refusal:
+                recount = await _recount(client, node, key, delta, refusal)
+                if recount is not None:  # a counter memcached misread, counted here
+                    if recount.value is None:
+                        continue  # it changed meanwhile: count again
+                    return recount.value, _seconds_left(recount.ttl), now
                 held = await client.get(key)
                 if held is not None and not _is_stub(held.value, held.flags):
                     # Not a number; or digits refused twice: memcached's own reason (digits
-                    # beyond 2**64 - 1, out of memory), not a stub replaced meanwhile.
+                    # beyond 2**64 - 1), not a stub replaced meanwhile.
                     # (Named, not a bare raise: see _stored_under.)
                     if not held.value.strip().isdigit() or refused_digits:
                         raise refusal
@@ -1658,7 +1685,7 @@ class TieredStore:
                 count = None  # a stub: the value is missing, or on its way back from disk
             if count is not None:
                 number, seconds = count
-                return number, None if seconds is None or seconds < 0 else float(seconds), now
+                return number, _seconds_left(seconds), now
             if entry is None:
                 entry = self._on_disk(key, prev)
                 if entry is None:

@@ -30,21 +30,21 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
 from .._mypyc import i64, mypyc_attr
+from ..bridge import run_blocking
 from ..errors import (
+    ClientError,
     CommandError,
     ConnectFailedError,
     ConnectionLostError,
     ConnectTimeoutError,
     FastCacheError,
     OperationTimeoutError,
-    ProtocolError,
     TLSError,
     UnknownCommandError,
 )
 from ..protocol import (
     Item,
     MetaReply,
-    MetaStatus,
     ReplyKind,
     ReplyParser,
     Status,
@@ -63,7 +63,7 @@ from .cluster import ClientSettings, Cluster
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .events import NodeHealth
 from .failures import REFUSAL_LINE, connect_error, refusal_error, refused
-from .meta import meta_unsent, only_reply
+from .meta import counted, meta_unsent, only_reply
 from .metrics import ClientMetrics, Latencies, MetricsSnapshot, new_calls
 from .security import ENDED_UNANSWERED, check_auth_reply, tls_error, tls_session_error
 from .thread_connections import ThreadConnections
@@ -100,8 +100,6 @@ _DELETE: Final = ReplyKind.DELETE
 _TOUCH: Final = ReplyKind.TOUCH
 _ARITHMETIC: Final = ReplyKind.ARITHMETIC
 _META: Final = ReplyKind.META
-_VA: Final = MetaStatus.VA
-_NF: Final = MetaStatus.NF
 
 
 # A static of the compiled module: no lookup of the module attribute per call.
@@ -717,18 +715,6 @@ def count_line(key: bytes, delta: int) -> bytes:
     return meta_arithmetic_command(key, delta=delta)
 
 
-def counted(reply: MetaReply) -> tuple[int, int | None] | None:
-    """What the reply to :func:`count_line`'s request says: ``(new value, seconds left or
-    -1)``, or None when the key is missing (NF). Any other reply is a
-    :class:`ProtocolError` (the node's fault)."""
-    if reply.status is _NF:
-        return None
-    value = reply.value
-    if reply.status is not _VA or value is None or not value.isdigit():
-        raise ProtocolError(f"ma returned {reply.status.name} without a number: {value!r}")
-    return int(value), reply.ttl
-
-
 # Compiled, it may still be subclassed from Python (tests, wrappers).
 @mypyc_attr(allow_interpreted_subclasses=True)
 class BlockingClient(CommandSet):
@@ -1062,7 +1048,12 @@ class BlockingClient(CommandSet):
             data = incr_command(key, delta)  # refused: not an int (a bool neither)
         else:
             data = decr_command(key, -delta) if delta < 0 else incr_command(key, delta)
-        reply = self.request(self.cluster.node_index(key), data, _ARITHMETIC)
+        try:
+            reply = self.request(self.cluster.node_index(key), data, _ARITHMETIC)
+        except ClientError:
+            # Perhaps a counter memcached refuses by mistake: sent again, and counted here
+            # if refused again (the rare path, as a coroutine).
+            return run_blocking(self._arithmetic(data, key, False, delta))
         return None if reply is Status.NOT_FOUND else int(reply)
 
     def meta_at(self, node: int, data: bytes) -> MetaReply:
@@ -1080,7 +1071,12 @@ class BlockingClient(CommandSet):
         call: ``(new value, seconds left or -1)``, or None when the key is missing (NF).
         ``delta`` is an int, negative to subtract. The disk tier's increment, which needs
         the TTL for its disk copy (:func:`count_line`, :func:`counted`)."""
-        return counted(self.meta_at(node, count_line(key, delta)))
+        line = count_line(key, delta)
+        try:
+            return counted(self.meta_at(node, line))
+        except ClientError:
+            # Perhaps a counter memcached refuses by mistake: as incr_now.
+            return run_blocking(self.count_line_at(node, key, delta, line))
 
     # -- the I/O primitives (coroutines that never suspend) ------------------------------
     async def _request(

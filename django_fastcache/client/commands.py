@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from .._mypyc import mypyc_attr
-from ..errors import CommandError, FastCacheError, InvalidArgumentError
+from ..errors import ClientError, CommandError, FastCacheError, InvalidArgumentError
 from ..protocol import (
     Item,
     ReplyKind,
@@ -33,6 +33,7 @@ from ..protocol import (
     verbosity_command,
     version_command,
 )
+from ..protocol.counters import RECOUNT_TRIES
 from .cluster import Cluster
 from .meta import MetaCommands
 
@@ -412,19 +413,34 @@ class CommandSet(MetaCommands):
         """Add ``delta`` to a decimal value, atomically on the server, keeping its expiry.
 
         The new value, or None when ``key`` does not exist (and always with noreply)."""
-        return await self._arithmetic(incr_command(key, delta, noreply=noreply), key, noreply)
+        data = incr_command(key, delta, noreply=noreply)
+        return await self._arithmetic(data, key, noreply, delta)
 
     async def decr(self, key: bytes, delta: int = 1, *, noreply: bool = False) -> int | None:
         """Subtract ``delta`` (memcached stops at 0); None when ``key`` does not exist."""
-        return await self._arithmetic(decr_command(key, delta, noreply=noreply), key, noreply)
+        data = decr_command(key, delta, noreply=noreply)
+        return await self._arithmetic(data, key, noreply, -delta)
 
-    async def _arithmetic(self, data: bytes, key: bytes, noreply: bool) -> int | None:
+    async def _arithmetic(self, data: bytes, key: bytes, noreply: bool, delta: int) -> int | None:
+        """``data`` (an incr or decr of ``key`` by ``delta``, negative for a decr) sent and
+        its reply read. A counter memcached refuses by mistake is counted here
+        (:meth:`~MetaCommands.recount`)."""
         node = self.cluster.node_index(key)
         if noreply:
             await self._send_noreply(node, data)
             return None
-        reply = await self._request(node, data, ReplyKind.ARITHMETIC)
-        return None if reply is Status.NOT_FOUND else int(reply)
+        tries = RECOUNT_TRIES
+        while True:
+            try:
+                reply = await self._request(node, data, ReplyKind.ARITHMETIC)
+                return None if reply is Status.NOT_FOUND else int(reply)
+            except ClientError as refusal:
+                tries -= 1
+                if not tries:
+                    raise  # the item changed every time it was counted here
+                recount = await self.recount(key, delta, refusal)
+                if recount.value is not None:
+                    return recount.value
 
     # -- whole-node commands ------------------------------------------------------------
     async def flush_all(

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import (
+    ClientError,
     CommandError,
     FastCacheError,
     InvalidArgumentError,
@@ -37,12 +38,21 @@ from ..protocol import (
     meta_noop_command,
     meta_set_command,
 )
+from ..protocol.counters import (
+    RECOUNT_TRIES,
+    Recount,
+    recount_read_command,
+    recount_store,
+    recounted,
+)
 
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .commands import Expected, Meanwhile, Replies, Requests
 
 _META = ReplyKind.META
+_NF = MetaStatus.NF
+_VA = MetaStatus.VA
 _NOOP = meta_noop_command()
 
 
@@ -218,7 +228,20 @@ class MetaCommands:
             return_ttl=True,
             base64_key=base64_key,
         )
-        reply = await self._meta_one(key, data)
+        tries = RECOUNT_TRIES
+        while True:
+            try:
+                reply = await self._meta_one(key, data)
+                break
+            except ClientError as refusal:
+                # With a cas or a vivify of the caller's own, memcached's refusal stands;
+                # and when the item changed every time it was counted here.
+                tries -= 1
+                if cas is not None or vivify is not None or not tries:
+                    raise
+                recount = await self.recount(key, -delta if decrement else delta, refusal)
+                if recount.value is not None:
+                    return MetaCount(MetaStatus.HD, recount.value, recount.cas, recount.ttl)
         number = None
         if reply.value is not None:
             if not reply.value.isdigit():
@@ -226,6 +249,51 @@ class MetaCommands:
             number = int(reply.value)
         status = MetaStatus.HD if reply.status is MetaStatus.VA else reply.status
         return MetaCount(status, number, reply.cas, reply.ttl)
+
+    async def recount(
+        self, key: bytes, delta: int, refusal: ClientError, node: int | None = None
+    ) -> Recount:
+        """The count by ``delta`` (negative: a decrement) of a counter memcached refused
+        (``refusal``) by mistake, made here (see :mod:`~django_fastcache.protocol.counters`)
+        on ``node`` (by default the key's): ``value`` None when the item changed or went
+        meanwhile, nothing stored: the caller sends its count again. ``refusal`` is raised
+        when it stands: the value is no such counter, or this client sends no meta
+        command."""
+        if not self.cluster.settings.meta:
+            raise refusal
+        if node is None:
+            node = self.cluster.node_index(key)
+        try:
+            read = await self.meta_line(node, recount_read_command(key))
+        except MetaUnsupportedError:
+            raise refusal from None
+        if read.status is MetaStatus.EN:
+            return Recount(None)  # deleted since: its count now finds it missing
+        store = recount_store(key, read, delta)
+        if store is None:
+            raise refusal
+        command, value, ttl = store
+        return recounted(await self.meta_line(node, command), value, ttl)
+
+    async def count_line_at(
+        self, node: int, key: bytes, delta: int, line: bytes
+    ) -> tuple[int, int | None] | None:
+        """The disk tier's increment: ``line`` (the ``ma`` of ``key`` by ``delta`` that
+        :func:`~django_fastcache.client.blocking.count_line` makes) sent to ``node``: ``(new
+        value, seconds left or -1)``, or None when the key is missing. A counter memcached
+        refuses by mistake is counted here (:meth:`recount`). The blocking client's
+        ``count_at`` is its plain-call twin."""
+        tries = RECOUNT_TRIES
+        while True:
+            try:
+                return counted(await self.meta_line(node, line))
+            except ClientError as refusal:
+                tries -= 1
+                if not tries:
+                    raise  # the item changed every time it was counted here
+                recount = await self.recount(key, delta, refusal, node)
+                if recount.value is not None:
+                    return recount.value, recount.ttl
 
     async def meta_get_many(
         self, keys: Iterable[bytes], *, cas: bool = False, base64_key: bool = False
@@ -317,6 +385,19 @@ class MetaCommands:
 
     def _nodes(self, nodes: Iterable[int] | None) -> list[int]:
         return list(self.cluster.live_nodes()) if nodes is None else sorted(set(nodes))
+
+
+def counted(reply: MetaReply) -> tuple[int, int | None] | None:
+    """What the reply to the disk tier's ``ma`` (``v c t``: see
+    :func:`~django_fastcache.client.blocking.count_line`) says: ``(new value, seconds left
+    or -1)``, or None when the key is missing (NF). Any other reply is a
+    :class:`ProtocolError` (the node's fault)."""
+    if reply.status is _NF:
+        return None
+    value = reply.value
+    if reply.status is not _VA or value is None or not value.isdigit():
+        raise ProtocolError(f"ma returned {reply.status.name} without a number: {value!r}")
+    return int(value), reply.ttl
 
 
 def meta_unsent() -> MetaUnsupportedError:

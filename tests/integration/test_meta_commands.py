@@ -12,10 +12,10 @@ import pytest
 
 from django_fastcache.bridge import run_blocking
 from django_fastcache.client import Client
-from django_fastcache.client.blocking import BlockingClient, count_line, counted
+from django_fastcache.client.blocking import BlockingClient, count_line
 from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.client.commands import CommandSet
-from django_fastcache.client.meta import MetaCount
+from django_fastcache.client.meta import MetaCount, counted
 from django_fastcache.errors import (
     ClientError,
     InvalidArgumentError,
