@@ -32,6 +32,7 @@ import pytest
 
 from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
+from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.disk import DiskError
 from django_fastcache.disk.stamps import StampsUnavailable, WriteStamps
 from django_fastcache.errors import OperationTimeoutError, OutcomeUnknownError, TLSError
@@ -41,6 +42,7 @@ from django_fastcache.stampede import get_or_set as leased_get_or_set
 from django_fastcache.testing.servers import MemcachedServer
 from django_fastcache.tiered import TieredStore
 from tests.conftest import LANDING_WAIT, forget_stacks
+from tests.integration.test_misread_counters import plant_misread
 from tests.twins import calling_first, twin
 
 from .checker import ADD, DELETE, GET, INCR, INVALIDATE, SET, STALE_NOTHING, Op, check
@@ -1215,6 +1217,65 @@ def test_a_counter_whose_increments_had_not_landed_misses_rather_than_going_back
     # the price of the lag), and never comes back as 10 or 11.
     assert log.get(cache, 0, "hits") is None
     assert cache.add("hits", 0) is True
+    assert log.stale_reads() == []
+
+
+# -- a write racing the count of a counter memcached misreads ----------------------------------
+
+
+class _WriteBeforeStore(BlockingClient):
+    """A blocking client of its own whose meta stores (``ms``) run ``meanwhile`` first:
+    here, between the read and the store of a count the client makes itself (its own
+    ``meta_line``, which a wrapper around the tier's client could not reach)."""
+
+    meanwhile: Callable[[], None] = staticmethod(lambda: None)
+
+    async def meta_line(self, node: int, data: bytes) -> Any:
+        if data.startswith(b"ms "):
+            self.meanwhile()
+        return await super().meta_line(node, data)
+
+
+@pytest.mark.parametrize("racer", ["set", "delete"])
+def test_a_write_or_delete_racing_the_count_of_a_misread_counter_wins(
+    server: MemcachedServer, directory: str, racer: str
+) -> None:
+    # memcached refuses a counter of 2**63 or more by mistake where an earlier item left a
+    # '-' behind it (docs/async-client.md), and the tier's client counts it itself: a read,
+    # then a store carrying the read's CAS. Another process's write or delete lands in
+    # between: the store fails, and the increment is made again, after it.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    wire = cache.wire_key("n")
+    plant_misread(server, wire, 2**63, lambda: log.set(cache, 0, "n", 2**63))
+    store = tier(cache)
+    client = _WriteBeforeStore(store.cluster)
+    raced: list[str] = []
+
+    def write_meanwhile() -> None:
+        if not raced:
+            raced.append(racer)
+            if racer == "set":
+                log.set(other, 1, "n", 2**63 + 100)
+            else:
+                log.delete(other, 1, "n")
+
+    client.meanwhile = write_meanwhile
+    start = time.monotonic_ns()
+    try:
+        value = run_blocking(store.incr(client, wire, 1))
+    finally:
+        client.close_thread_connections()
+    log.record(Op(0, INCR, "n", value, start, time.monotonic_ns(), True))
+    assert raced == [racer]
+    expected = 2**63 + 101 if racer == "set" else None  # a delete: the incr finds it missing
+    assert value == expected
+    for process, each in ((0, cache), (1, other)):
+        assert log.get(each, process, "n") == expected
+        assert tier(each).flush(LANDING_WAIT)
+    server.restart()  # the disk answers now: the count, or a miss, never an older value
+    for process, each in ((0, cache), (1, other)):
+        assert log.get(each, process, "n") in (None, expected)
     assert log.stale_reads() == []
 
 
