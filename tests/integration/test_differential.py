@@ -54,6 +54,7 @@ from hypothesis.stateful import (
 from django_fastcache.backends import FastCache
 from django_fastcache.errors import NonIntegerValueError
 from django_fastcache.testing.servers import MemcachedServer
+from tests.integration.test_client_commands import raw_exchange
 
 pytestmark = pytest.mark.integration
 
@@ -321,10 +322,22 @@ class CacheDiff(RuleBasedStateMachine):
                 f"divergence [{label or 'unclassified'}] in {self.divergences.way}:\n"
                 f"  {call}   (oracle held before: {example['oracle held']})\n"
                 f"  FastCache:   {fc.show()}\n"
-                f"  LocMemCache: {lm.show()}"
+                f"  LocMemCache: {lm.show()}\n"
+                f"  memcached holds now: {self.memcached_holds(touched)}"
             )
         self.divergences.add(label, example)
         self.resync(touched)
+
+    def memcached_holds(self, touched: list[tuple[Any, Any]]) -> dict[str, str]:
+        """What memcached holds under each valid key involved (``mg <key> v f t``, read
+        on a socket of its own), for the report of a divergence."""
+        held: dict[str, str] = {}
+        for key, version in touched:
+            made = self.fc.make_key(key, version=version)
+            if memcached_key_ok(made):
+                request = b"mg %s v f t\r\nmn\r\n" % made.encode()
+                held[made] = repr(raw_exchange(self.server, request, b"MN\r\n")[:-4])
+        return held
 
     def classify(
         self,

@@ -84,10 +84,9 @@ async def plant(server: MemcachedServer, client: CommandSet, key: bytes, number:
 
 def item(server: MemcachedServer, key: bytes) -> tuple[bytes, int, int]:
     """What memcached holds under ``key``: (value, flags, seconds left or -1)."""
-    head, _, rest = raw_exchange(server, b"mg %s v f t\r\n" % key, b"\r\n").partition(b"\r\n")
+    reply = raw_exchange(server, b"mg %s v f t\r\nmn\r\n" % key, b"MN\r\n")
+    head, _, rest = reply.partition(b"\r\n")
     assert head.startswith(b"VA "), head
-    if not rest:  # the value's line had not arrived with the header
-        rest = raw_exchange(server, b"mg %s v\r\n" % key, b"\r\n").partition(b"\r\n")[2]
     returned = {token[:1]: token[1:] for token in head.split()[2:]}
     return rest.split(b"\r\n")[0].rstrip(b" "), int(returned[b"f"]), int(returned[b"t"])
 
