@@ -77,7 +77,7 @@ from .expiry import memcached_exptime
 from .handles import Handle
 from .logs import RateLimit, logger
 from .protocol import MetaReply, MetaStatus, MetaUnsupportedError
-from .protocol.counters import Recount
+from .protocol.counters import RECOUNT_TRIES, Recount
 from .serializers import FLAG_INTEGER
 from .stampede import let_go
 
@@ -1658,6 +1658,7 @@ class TieredStore:
             raise _WentOutBeforeSending
         entry: DiskEntry | None = None
         refused_digits = False
+        recounts = RECOUNT_TRIES
         for _try in range(_STUB_TRIES):
             now = _now()
             count: tuple[int, int | None] | None
@@ -1670,9 +1671,12 @@ class TieredStore:
             except CommandError as refusal:
                 recount = await _recount(client, node, key, delta, refusal)
                 if recount is not None:  # a counter memcached misread, counted here
-                    if recount.value is None:
-                        continue  # it changed meanwhile: count again
-                    return recount.value, _seconds_left(recount.ttl), now
+                    if recount.value is not None:
+                        return recount.value, _seconds_left(recount.ttl), now
+                    recounts -= 1  # it changed meanwhile: count again, as the client would
+                    if not recounts:
+                        raise refusal
+                    continue
                 held = await client.get(key)
                 if held is not None and not _is_stub(held.value, held.flags):
                     # Not a number; or digits refused twice: memcached's own reason (digits

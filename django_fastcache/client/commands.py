@@ -435,12 +435,12 @@ class CommandSet(MetaCommands):
                 reply = await self._request(node, data, ReplyKind.ARITHMETIC)
                 return None if reply is Status.NOT_FOUND else int(reply)
             except ClientError as refusal:
-                tries -= 1
-                if not tries:
-                    raise  # the item changed every time it was counted here
                 recount = await self.recount(key, delta, refusal)
                 if recount.value is not None:
                     return recount.value
+                tries -= 1  # the item changed meanwhile: counted again, a few times at most
+                if not tries:
+                    raise refusal from None
 
     # -- whole-node commands ------------------------------------------------------------
     async def flush_all(

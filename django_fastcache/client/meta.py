@@ -14,6 +14,8 @@ The meta protocol needs memcached 1.6 or later (the syntax used here is stable s
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -41,6 +43,7 @@ from ..protocol import (
 from ..protocol.counters import (
     RECOUNT_TRIES,
     Recount,
+    give_back_command,
     recount_read_command,
     recount_store,
     recounted,
@@ -234,14 +237,17 @@ class MetaCommands:
                 reply = await self._meta_one(key, data)
                 break
             except ClientError as refusal:
-                # With a cas or a vivify of the caller's own, memcached's refusal stands;
-                # and when the item changed every time it was counted here.
-                tries -= 1
-                if cas is not None or vivify is not None or not tries:
+                # With a cas, a vivify or an exptime of the caller's own, memcached's
+                # refusal stands.
+                if cas is not None or vivify is not None or exptime is not None:
                     raise
-                recount = await self.recount(key, -delta if decrement else delta, refusal)
+                signed = -delta if decrement else delta
+                recount = await self.recount(key, signed, refusal, None, base64_key)
                 if recount.value is not None:
                     return MetaCount(MetaStatus.HD, recount.value, recount.cas, recount.ttl)
+                tries -= 1  # the item changed meanwhile: counted again, a few times at most
+                if not tries:
+                    raise refusal from None
         number = None
         if reply.value is not None:
             if not reply.value.isdigit():
@@ -251,7 +257,12 @@ class MetaCommands:
         return MetaCount(status, number, reply.cas, reply.ttl)
 
     async def recount(
-        self, key: bytes, delta: int, refusal: ClientError, node: int | None = None
+        self,
+        key: bytes,
+        delta: int,
+        refusal: ClientError,
+        node: int | None = None,
+        base64_key: bool = False,
     ) -> Recount:
         """The count by ``delta`` (negative: a decrement) of a counter memcached refused
         (``refusal``) by mistake, made here (see :mod:`~django_fastcache.protocol.counters`)
@@ -264,12 +275,16 @@ class MetaCommands:
         if node is None:
             node = self.cluster.node_index(key)
         try:
-            read = await self.meta_line(node, recount_read_command(key))
+            read = await self.meta_line(node, recount_read_command(key, base64_key))
         except MetaUnsupportedError:
             raise refusal from None
         if read.status is MetaStatus.EN:
             return Recount(None)  # deleted since: its count now finds it missing
-        store = recount_store(key, read, delta)
+        give_back = give_back_command(key, read, base64_key)
+        if give_back is not None:  # a stale item's win, taken by the read: handed back
+            with contextlib.suppress(CommandError):
+                await self.meta_line(node, give_back)
+        store = recount_store(key, read, delta, time.time(), base64_key)
         if store is None:
             raise refusal
         command, value, ttl = store
@@ -288,12 +303,12 @@ class MetaCommands:
             try:
                 return counted(await self.meta_line(node, line))
             except ClientError as refusal:
-                tries -= 1
-                if not tries:
-                    raise  # the item changed every time it was counted here
                 recount = await self.recount(key, delta, refusal, node)
                 if recount.value is not None:
                     return recount.value, recount.ttl
+                tries -= 1  # the item changed meanwhile: counted again, a few times at most
+                if not tries:
+                    raise refusal from None
 
     async def meta_get_many(
         self, keys: Iterable[bytes], *, cas: bool = False, base64_key: bool = False

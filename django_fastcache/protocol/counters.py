@@ -23,7 +23,8 @@ from __future__ import annotations
 import re
 from typing import Final, NamedTuple
 
-from .meta import MetaReply, MetaStatus, meta_get_command, meta_set_command
+from ..expiry import memcached_exptime
+from .meta import MetaReply, MetaStatus, meta_delete_command, meta_get_command, meta_set_command
 
 #: The counters memcached may refuse by mistake: 2**63 to 2**64 - 1.
 FIRST_MISREAD: Final = 2**63
@@ -34,8 +35,9 @@ _UINT64: Final = 2**64
 _NUMBER: Final = re.compile(rb"[ \t\n\v\f\r]*\+?([0-9]+)")
 _ENDS_A_NUMBER: Final = frozenset(b" \t\n\v\f\r\0")
 
-#: How many times a caller re-sends a refused count whose item changed while it was being
-#: counted here (each time memcached counts it, refuses it again or it changes again).
+#: How many times a count made here may find the item changed (a write landing between
+#: its read and its store) before the refusal is raised: each time the command is sent
+#: again, and memcached counts it, refuses it again, or it changes again.
 RECOUNT_TRIES: Final = 5
 
 
@@ -71,33 +73,50 @@ def counted_by_memcacheds_rules(number: int, delta: int) -> int:
     return max(0, number + delta) if delta < 0 else (number + delta) % _UINT64
 
 
-def recount_read_command(key: bytes) -> bytes:
+def recount_read_command(key: bytes, base64_key: bool = False) -> bytes:
     """The read before a count made here: value, CAS, flags and TTL left."""
-    return meta_get_command(key, value=True, cas=True, client_flags=True, ttl=True)
+    return meta_get_command(
+        key, value=True, cas=True, client_flags=True, ttl=True, base64_key=base64_key
+    )
 
 
-def recount_store(key: bytes, read: MetaReply, delta: int) -> tuple[bytes, int, int] | None:
+def recount_store(
+    key: bytes, read: MetaReply, delta: int, now: float, base64_key: bool = False
+) -> tuple[bytes, int, int] | None:
     """The ``ms`` that stores the count of ``key`` by ``delta`` made here, from the reply
-    to :func:`recount_read_command` (a hit), with the new value and the TTL it keeps:
-    ``(command, value, ttl or -1)``. None when memcached's refusal stands: the value is not
-    a counter memcached misreads (a stub of a lease, a stale item, text, a number beyond
-    2**64 - 1)."""
+    to :func:`recount_read_command` (a hit) read at ``now`` (Unix time), with the new value
+    and the TTL it keeps: ``(command, value, seconds left or -1)``. None when memcached's
+    refusal stands: the value is not a counter memcached misreads (a stub of a lease, a
+    stale item, text, a number beyond 2**64 - 1)."""
     if read.value is None or read.cas is None or read.stale:
         return None
     number = misread_counter(read.value)
     if number is None:
         return None
     value = counted_by_memcacheds_rules(number, delta)
-    ttl = -1 if read.ttl is None or read.ttl < 0 else max(read.ttl, 1)  # 0: within the second
+    # The TTL left as memcached's exptime: beyond 30 days it wants a Unix time. (A live
+    # item has a second left at least.)
+    ttl = -1 if read.ttl is None or read.ttl < 0 else max(read.ttl, 1)
     command = meta_set_command(
         key,
         b"%d" % value,
         client_flags=read.client_flags or 0,
-        ttl=None if ttl < 0 else ttl,
+        ttl=None if ttl < 0 else memcached_exptime(ttl, now),
         compare_cas=read.cas,
         return_cas=True,
+        base64_key=base64_key,
     )
     return command, value, ttl
+
+
+def give_back_command(key: bytes, read: MetaReply, base64_key: bool = False) -> bytes | None:
+    """What hands back the win a read took (``mg`` on a stale item gives the first reader
+    the right to recompute it, which is a ``get_or_set``'s to take): the item marked stale
+    again (``md … I C<cas>``: a new CAS, and the next reader wins). None when the read took
+    no win."""
+    if not read.win or read.cas is None:
+        return None
+    return meta_delete_command(key, compare_cas=read.cas, invalidate=True, base64_key=base64_key)
 
 
 def recounted(stored: MetaReply, value: int, ttl: int) -> Recount:
@@ -113,6 +132,7 @@ __all__ = [
     "RECOUNT_TRIES",
     "Recount",
     "counted_by_memcacheds_rules",
+    "give_back_command",
     "misread_counter",
     "recount_read_command",
     "recount_store",

@@ -10,6 +10,8 @@ chunk the counter then takes) and proves the mistake live, with memcached refusi
 from __future__ import annotations
 
 import asyncio
+import base64
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +25,7 @@ from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.client.commands import CommandSet
 from django_fastcache.errors import ClientError, NonIntegerValueError
 from django_fastcache.protocol import MetaStatus
+from django_fastcache.protocol.counters import RECOUNT_TRIES
 from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.testing.servers import MemcachedServer
 from tests.conftest import LANDING_WAIT
@@ -43,16 +46,18 @@ def raw(server: MemcachedServer, request: bytes) -> bytes:
 
 def poison(server: MemcachedServer, key: bytes, number: int, extra: int) -> None:
     """A value of '-' bytes ``extra`` longer than ``number``'s digits stored under ``key``
-    and deleted: its chunk is the first memcached hands out next in its size class."""
+    (any bytes: it travels base64-encoded) and deleted: its chunk is the first memcached
+    hands out next in its size class."""
     dashes = b"-" * (len(b"%d" % number) + extra)
-    assert raw(server, b"set %s 0 0 %d\r\n%s\r\n" % (key, len(dashes), dashes)) == b"STORED\r\n"
-    assert raw(server, b"delete %s\r\n" % key) == b"DELETED\r\n"
+    encoded = base64.b64encode(key)
+    assert raw(server, b"ms %s %d b\r\n%s\r\n" % (encoded, len(dashes), dashes)) == b"HD\r\n"
+    assert raw(server, b"md %s b\r\n" % encoded) == b"HD\r\n"
 
 
 def misread(server: MemcachedServer, key: bytes) -> bool:
-    """Whether memcached refuses to count what ``key`` holds (an ``incr`` by 0: nothing
-    changes either way)."""
-    return raw(server, b"incr %s 0\r\n" % key) == REFUSED
+    """Whether memcached refuses to count what ``key`` holds (a count by 0: nothing changes
+    either way)."""
+    return raw(server, b"ma %s b D0\r\n" % base64.b64encode(key)) == REFUSED
 
 
 #: The poisons tried, by how much longer than the counter they are, until one takes.
@@ -72,11 +77,26 @@ def plant_misread(
     pytest.fail(f"memcached did not misread {number} under {key!r}: the test plants nothing")
 
 
-async def plant(server: MemcachedServer, client: CommandSet, key: bytes, number: int) -> None:
-    """:func:`plant_misread` through ``client`` (flags 2, an hour to live)."""
+async def plant(
+    server: MemcachedServer,
+    client: CommandSet,
+    key: bytes,
+    number: int,
+    *,
+    exptime: int = 3600,
+    base64_key: bool = False,
+) -> None:
+    """:func:`plant_misread` through ``client`` (flags 2, an hour to live by default)."""
+    digits = b"%d" % number
     for extra in EXTRAS:
         poison(server, key, number, extra)
-        assert await client.set(key, b"%d" % number, flags=FLAG_INTEGER, exptime=3600)
+        if base64_key:
+            stored = await client.meta_set(
+                key, digits, flags=FLAG_INTEGER, exptime=exptime, base64_key=True
+            )
+            assert stored.status is MetaStatus.HD
+        else:
+            assert await client.set(key, digits, flags=FLAG_INTEGER, exptime=exptime)
         if misread(server, key):
             return
     pytest.fail(f"memcached did not misread {number} under {key!r}: the test plants nothing")
@@ -163,6 +183,70 @@ def test_the_blocking_clients_plain_incr_counts_a_counter_memcached_misreads(
         client.close_thread_connections()
 
 
+def test_a_counter_with_more_than_30_days_left_keeps_them(
+    run: Runner, memcached: MemcachedServer
+) -> None:
+    # memcached takes an exptime beyond 30 days for a Unix time: the count stores the TTL
+    # left as the time it ends, or the counter would expire at once.
+    sixty_days = 60 * 86400
+
+    async def scenario(c: CommandSet) -> None:
+        ends = int(time.time()) + sixty_days
+        await plant(memcached, c, b"big", 2**63, exptime=ends)
+        assert await c.incr(b"big", 1) == 2**63 + 1
+        value, _flags, ttl = item(memcached, b"big")
+        assert value == b"%d" % (2**63 + 1)
+        assert sixty_days - 60 < ttl <= sixty_days
+
+    run([memcached.location], scenario)
+
+
+def test_meta_arithmetic_counts_a_misread_counter_under_a_key_of_any_bytes(
+    run: Runner, memcached: MemcachedServer
+) -> None:
+    key = b"a b\x01\xff"  # travels base64-encoded
+
+    async def scenario(c: CommandSet) -> None:
+        await plant(memcached, c, key, 2**63, base64_key=True)
+        count = await c.meta_arithmetic(key, 2, base64_key=True)
+        assert (count.status, count.value) == (MetaStatus.HD, 2**63 + 2)
+        stored = await c.meta_get(key, base64_key=True)
+        assert stored is not None
+        assert stored.value == b"%d" % (2**63 + 2)
+
+    run([memcached.location], scenario)
+
+
+def test_meta_arithmetic_with_an_exptime_of_its_own_keeps_the_refusal(
+    run: Runner, memcached: MemcachedServer
+) -> None:
+    async def scenario(c: CommandSet) -> None:
+        await plant(memcached, c, b"big", 2**63)
+        with pytest.raises(ClientError):
+            await c.meta_arithmetic(b"big", 1, exptime=60)
+        assert item(memcached, b"big")[0] == b"%d" % 2**63
+
+    run([memcached.location], scenario)
+
+
+def test_a_refused_count_of_a_stale_item_leaves_its_win_to_the_next_reader(
+    run: Runner, memcached: MemcachedServer
+) -> None:
+    # Reading a stale item (md ... I) hands its first reader the right to recompute it: the
+    # read behind a refused count must not keep it from get_or_set's callers.
+    async def scenario(c: CommandSet) -> None:
+        await c.set(b"k", b"text")
+        assert (await c.meta_delete(b"k", invalidate=True)).status is MetaStatus.HD
+        with pytest.raises(ClientError):
+            await c.incr(b"k", 1)
+        reader = await c.meta_get(b"k", cas=True)
+        assert reader is not None
+        assert reader.stale
+        assert reader.win
+
+    run([memcached.location], scenario)
+
+
 @pytest.mark.parametrize(
     "value",
     [b"18446744073709551616", b"text", b"9223372036854775808-"],
@@ -209,29 +293,49 @@ def test_without_meta_commands_the_refusal_stands(memcached: MemcachedServer) ->
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("command", ["incr", "meta_arithmetic"])
+@pytest.mark.parametrize("races", [1, RECOUNT_TRIES])
 def test_a_counter_changed_while_it_is_counted_is_counted_again(
-    memcached: MemcachedServer,
+    memcached: MemcachedServer, races: int, command: str
 ) -> None:
-    """A write lands between the read and the store of a count made here: the store finds
-    the CAS changed and stores nothing, and the count is made again on the new value."""
+    """A write lands between the read and the store of a count made here (a misread
+    counter again): the store finds the CAS changed and stores nothing, and the count is
+    made again on the new value; a count that finds it changed every time, a few times
+    over, raises the refusal."""
+
+    def raw_set(number: int) -> None:
+        digits = b"%d" % number
+        assert raw(memcached, b"set big 2 0 %d\r\n%s\r\n" % (len(digits), digits)) == (
+            b"STORED\r\n"
+        )
 
     async def scenario() -> None:
         client = Client([memcached.location])
         inner = client.meta_line
-        written: list[bytes] = []
+        written: list[int] = []
 
         async def racing(node: int, data: bytes) -> Any:
-            if data.startswith(b"ms big ") and not written:
-                poison(memcached, b"big", 2**63 + 100, 5)  # so that the new one is misread too
-                written.append(raw(memcached, b"set big 2 0 19\r\n%d\r\n" % (2**63 + 100)))
+            if data.startswith(b"ms big ") and len(written) < races:
+                written.append(2**63 + 100 * (len(written) + 1))
+                plant_misread(memcached, b"big", written[-1], lambda: raw_set(written[-1]))
             return await inner(node, data)
+
+        async def count() -> int | None:
+            if command == "incr":
+                return await client.incr(b"big", 1)
+            return (await client.meta_arithmetic(b"big", 1)).value
 
         client.meta_line = racing  # type: ignore[method-assign]
         try:
             await plant(memcached, client, b"big", 2**63)
-            assert await client.incr(b"big", 1) == 2**63 + 101
-            assert written == [b"STORED\r\n"]
-            assert item(memcached, b"big")[0] == b"%d" % (2**63 + 101)
+            if races < RECOUNT_TRIES:
+                assert await count() == written[-1] + 1
+                assert item(memcached, b"big")[0] == b"%d" % (written[-1] + 1)
+            else:
+                with pytest.raises(ClientError):
+                    await count()
+                assert item(memcached, b"big")[0] == b"%d" % written[-1]  # uncounted
+            assert len(written) == races
         finally:
             await client.aclose()
 
@@ -325,3 +429,41 @@ def test_the_tiers_count_of_a_misread_counter_written_meanwhile_is_made_again(
     # writes' stamps crossed: the disk copy is dropped, docs/disk-tier.md).
     assert cache.get("hits") in (None, 2**63 + 101)
     assert other.get("hits") in (None, 2**63 + 101)
+
+
+def test_the_tiers_count_raced_every_time_raises_the_refusal_rather_than_a_miss(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    """Every store of a count the tier's client makes finds the item changed: after as many
+    tries as the client itself makes, the refusal is raised, never "missing"."""
+    cache = FastCache(memcached.location, {"OPTIONS": {"disk_directory": disk_directory}})
+    wire = cache.make_and_validate_key("hits").encode()
+    raced: list[int] = []
+
+    async def scenario() -> None:
+        client = cache.client
+        inner = client.meta_line
+
+        async def racing(node: int, data: bytes) -> Any:
+            if data.startswith(b"ms " + wire):  # each time, a write lands first
+                raced.append(1)
+                plant_misread(memcached, wire, 2**63, lambda: raw_set(2**63 + len(raced)))
+            return await inner(node, data)
+
+        client.meta_line = racing  # type: ignore[method-assign]
+        try:
+            with pytest.raises(NonIntegerValueError):
+                await cache.aincr("hits", 1)
+        finally:
+            del client.meta_line
+            await client.aclose()
+
+    def raw_set(number: int) -> None:
+        digits = b"%d" % number
+        request = b"set %s %d 0 %d\r\n%s\r\n" % (wire, FLAG_INTEGER, len(digits), digits)
+        assert raw(memcached, request) == b"STORED\r\n"
+
+    plant_misread(memcached, wire, 2**63, lambda: cache.set("hits", 2**63))
+    asyncio.run(scenario())
+    assert len(raced) == RECOUNT_TRIES
+    assert cache.get("hits") == 2**63 + len(raced)  # the last write, uncounted

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from django_fastcache.protocol.counters import (
     counted_by_memcacheds_rules,
+    give_back_command,
     misread_counter,
     recount_read_command,
     recount_store,
@@ -17,6 +18,7 @@ from django_fastcache.protocol.counters import (
 from django_fastcache.protocol.meta import MetaReply, MetaStatus
 
 U64 = 2**64
+NOW = 1_800_000_000.5  # a Unix time
 
 
 @pytest.mark.parametrize(
@@ -76,7 +78,7 @@ def test_the_read_asks_for_value_cas_flags_and_ttl() -> None:
 
 def test_the_store_keeps_flags_and_ttl_and_needs_the_cas_read() -> None:
     read = MetaReply(MetaStatus.VA, b"18446744073709551615", cas=41, client_flags=2, ttl=300)
-    store = recount_store(b"k", read, 3)
+    store = recount_store(b"k", read, 3, NOW)
     assert store is not None
     command, value, ttl = store
     assert (value, ttl) == (2, 300)
@@ -87,19 +89,30 @@ def test_the_store_keeps_flags_and_ttl_and_needs_the_cas_read() -> None:
 
 def test_a_counter_without_expiry_is_stored_without_one() -> None:
     read = MetaReply(MetaStatus.VA, b"9223372036854775808", cas=7, client_flags=0, ttl=-1)
-    store = recount_store(b"k", read, 1)
+    store = recount_store(b"k", read, 1, NOW)
     assert store is not None
     command, value, ttl = store
     assert (value, ttl) == (2**63 + 1, -1)
     assert not any(token.startswith(b"T") for token in command.split(b"\r\n")[0].split())
 
 
-def test_a_counter_in_its_last_second_keeps_a_second() -> None:
-    read = MetaReply(MetaStatus.VA, b"9223372036854775808", cas=7, client_flags=0, ttl=0)
-    store = recount_store(b"k", read, 1)
+def test_a_ttl_beyond_30_days_is_stored_as_the_unix_time_it_ends() -> None:
+    # memcached takes an exptime above 30 days for a Unix time: a TTL sent as it is would
+    # name a moment long past, and the counter would expire at once.
+    sixty_days = 60 * 86400
+    read = MetaReply(MetaStatus.VA, b"9223372036854775808", cas=7, client_flags=0, ttl=sixty_days)
+    store = recount_store(b"k", read, 1, NOW)
     assert store is not None
-    assert store[2] == 1
-    assert b" T1" in store[0]
+    assert store[2] == sixty_days
+    assert b" T%d" % (int(NOW) + sixty_days) in store[0]
+
+
+def test_a_won_read_is_handed_back_and_any_other_is_not() -> None:
+    stale = MetaReply(MetaStatus.VA, b"text", cas=12, stale=True, win=True)
+    command = give_back_command(b"k", stale)
+    assert command is not None
+    assert set(command.split()) == {b"md", b"k", b"I", b"C12"}
+    assert give_back_command(b"k", stale._replace(win=False)) is None
 
 
 @pytest.mark.parametrize(
@@ -112,7 +125,7 @@ def test_a_counter_in_its_last_second_keeps_a_second() -> None:
     ],
 )
 def test_no_store_when_the_refusal_stands(read: MetaReply) -> None:
-    assert recount_store(b"k", read, 1) is None
+    assert recount_store(b"k", read, 1, NOW) is None
 
 
 def test_only_a_stored_count_counts() -> None:
