@@ -33,7 +33,6 @@ from tests.integration.test_tiered import (
     Raw,
     assert_the_win_is_free,
     landed,
-    make_cache,
     on_disk,
     tiered,
 )
@@ -98,16 +97,6 @@ async def cancelled(
     assert client.cuts == [], "a cut was not reached"
     others = asyncio.all_tasks() - {asyncio.current_task()}
     await asyncio.wait_for(asyncio.gather(*others), 10)
-
-
-@pytest.fixture
-def cache(memcached: MemcachedServer, disk_directory: str) -> FastCache:
-    return make_cache(memcached.location, disk_directory)
-
-
-@pytest.fixture
-def raw(memcached: MemcachedServer) -> Raw:
-    return Raw(memcached)
 
 
 def counter_on_disk_only(cache: FastCache, memcached: MemcachedServer) -> None:

@@ -183,17 +183,6 @@ def server() -> Iterator[MemcachedServer]:
 
 
 @pytest.fixture
-def cache(memcached: MemcachedServer, disk_directory: str) -> FastCache:
-    """A tiered FastCache on the session's (flushed) memcached."""
-    return make_cache(memcached.location, disk_directory)
-
-
-@pytest.fixture
-def raw(memcached: MemcachedServer) -> Raw:
-    return Raw(memcached)
-
-
-@pytest.fixture
 def signals_sent() -> Iterator[list[tuple[str, dict[str, Any]]]]:
     """Every node_out and node_back sent while the test runs: (signal name, arguments and
     ``sender``)."""
