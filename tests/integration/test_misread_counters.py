@@ -196,7 +196,9 @@ def test_a_counter_with_more_than_30_days_left_keeps_them(
         assert await c.incr(b"big", 1) == 2**63 + 1
         value, _flags, ttl = item(memcached, b"big")
         assert value == b"%d" % (2**63 + 1)
-        assert sixty_days - 60 < ttl <= sixty_days
+        # (The time it ends is this machine's clock's; memcached's own clock runs up to a
+        # couple of seconds behind it, ticking once a second.)
+        assert sixty_days - 60 < ttl <= sixty_days + 5
 
     run([memcached.location], scenario)
 
