@@ -77,7 +77,7 @@ from .expiry import memcached_exptime
 from .handles import Handle
 from .logs import RateLimit, logger
 from .protocol import MetaReply, MetaStatus, MetaUnsupportedError
-from .protocol.counters import RECOUNT_TRIES, Recount
+from .protocol.counters import RECOUNT_TRIES, Recount, counted_by_memcacheds_rules
 from .serializers import FLAG_INTEGER
 from .stampede import let_go
 
@@ -1723,8 +1723,7 @@ class TieredStore:
         if entry.flags != FLAG_INTEGER:
             raise NonIntegerValueError(f"the value of {key.decode()!r} is not an integer")
         current = int(entry.data)
-        # memcached's rules: decr stops at 0, incr wraps at 2**64.
-        value = max(0, current + delta) if delta < 0 else (current + delta) % 2**64
+        value = counted_by_memcacheds_rules(current, delta)
         self._write_now(key, b"%d" % value, entry.flags, entry.expire_at)
         return value
 
