@@ -274,6 +274,11 @@ class FastCache(BaseCache):
 
     # ``server`` is whatever LOCATION holds: a wrong type is reported on use, not here.
     def __init__(self, server: object, params: dict[str, Any]) -> None:
+        given = params.get("OPTIONS")
+        if not isinstance(given, Mapping):
+            # Django's own __init__ reads OPTIONS with .get(): OPTIONS that are not a dict
+            # (E009) would stop it with an AttributeError before the check could name them.
+            params = {**params, "OPTIONS": {}}
         super().__init__(params)
         # A bad configuration is refused on first use, not here: Django's own system checks
         # build every cache alias, and raising here would stop them before FastCache's check
@@ -290,7 +295,7 @@ class FastCache(BaseCache):
             self._configuration_error = (
                 f"Bad FastCache LOCATION: a string or a list of strings, got {server!r}."
             )
-        options, problems = parse_options(params.get("OPTIONS"))
+        options, problems = parse_options(given)
         if problems:
             # Every problem, the LOCATION's included: one fix at a time would take a start each.
             bad_options = "Bad FastCache OPTIONS: " + " ".join(p.message for p in problems)

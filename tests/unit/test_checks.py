@@ -105,6 +105,27 @@ def test_options_that_are_not_a_dict_are_e009() -> None:
     assert ids(messages) == ["django_fastcache.E009"]
 
 
+@pytest.mark.parametrize("options", [["serializer"], "serializer=json", 5])
+def test_options_that_are_not_a_dict_reach_the_check_and_the_first_call(options: Any) -> None:
+    # Django's own checks build every cache, and its BaseCache reads OPTIONS with .get():
+    # the backend must be built all the same, for E009 to be reported and the first call
+    # to refuse the settings.
+    caches = {"default": {"BACKEND": BACKEND, "LOCATION": GOOD, "OPTIONS": options}}
+    with override_settings(CACHES=caches):
+        messages = checks.run_checks(tags=[checks.Tags.caches])
+    assert "django_fastcache.E009" in ids(messages)
+    cache = FastCache(GOOD, {"OPTIONS": options})
+    with pytest.raises(ImproperlyConfigured, match="OPTIONS must be a dict"):
+        cache.get("k")
+
+
+def test_options_of_none_are_no_options() -> None:
+    caches = {"default": {"BACKEND": BACKEND, "LOCATION": GOOD, "OPTIONS": None}}
+    with override_settings(CACHES=caches):
+        assert checks.run_checks(tags=[checks.Tags.caches]) == []
+    assert FastCache(GOOD, {"OPTIONS": None}).default_timeout == 300
+
+
 @pytest.mark.parametrize("location", [None, "", [], " ; , "])
 def test_missing_location_is_e011(location: Any) -> None:
     config: dict[str, Any] = {"BACKEND": BACKEND}
