@@ -26,9 +26,9 @@ if MODE not in {"auto", "0", "1"}:
     raise SystemExit(f"FASTCACHE_COMPILE must be auto, 0 or 1, not {MODE!r}")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HOT_MODULES: tuple[str, ...] = runpy.run_path(
-    os.path.join(HERE, "django_fastcache", "compiled.py")
-)["HOT_MODULES"]
+_COMPILED = runpy.run_path(os.path.join(HERE, "django_fastcache", "compiled.py"))
+HOT_MODULES: tuple[str, ...] = _COMPILED["HOT_MODULES"]
+MYPYC_OPTIONS: tuple[str, ...] = _COMPILED["MYPYC_OPTIONS"]
 
 
 def compiled_extensions() -> list[Any]:
@@ -42,11 +42,20 @@ def compiled_extensions() -> list[Any]:
         print("django-fastcache: mypyc is not installed; installing pure Python")
         return []
     paths = [name.replace(".", "/") + ".py" for name in HOT_MODULES]
-    # Not the project's mypy configuration: its Django plugin needs django-stubs and a
-    # settings module, which a build environment has neither of. Untyped imports (Django)
-    # compile as Any.
-    options = ["--config-file=", "--ignore-missing-imports", "--python-version=3.11"]
-    return list(mypycify([*options, *paths], opt_level="3", group_name="django_fastcache"))
+    try:
+        return list(
+            mypycify([*MYPYC_OPTIONS, *paths], opt_level="3", group_name="django_fastcache")
+        )
+    except SystemExit:  # mypy's errors are printed above
+        if MODE == "1":
+            raise
+        # The build environment lacks Django's types (django-stubs, a build requirement:
+        # a build without isolation may not have it): compiled, the backend would fail.
+        print(
+            "django-fastcache: mypyc could not type the hot modules (is django-stubs "
+            "installed where the package is built?); installing pure Python"
+        )
+        return []
 
 
 class OptionalBuildExt(build_ext):

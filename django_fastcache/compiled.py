@@ -31,6 +31,19 @@ HOT_MODULES = (
     "django_fastcache.tiered",
 )
 
+#: mypy's options for the build (setup.py). Not the project's configuration: its Django
+#: plugin needs a settings module, which a build environment does not have. Untyped
+#: imports compile as Any, except as a base class: a compiled class whose base mypy cannot
+#: see (Django's ``BaseCache`` without django-stubs in the build environment) is laid out
+#: without the base's attributes and fails at run time, on the first attribute Django's own
+#: ``__init__`` set (SystemError). So the build refuses it, and installs pure Python.
+MYPYC_OPTIONS: tuple[str, ...] = (
+    "--config-file=",
+    "--ignore-missing-imports",
+    "--disallow-subclassing-any",
+    "--python-version=3.11",
+)
+
 
 def is_compiled(module_name: str) -> bool:
     """Whether ``module_name`` was loaded from a compiled extension."""
@@ -51,4 +64,4 @@ def describe() -> str:
     return f"compiled ({count} of {len(HOT_MODULES)} hot modules)"
 
 
-__all__ = ["HOT_MODULES", "compiled_modules", "describe", "is_compiled"]
+__all__ = ["HOT_MODULES", "MYPYC_OPTIONS", "compiled_modules", "describe", "is_compiled"]

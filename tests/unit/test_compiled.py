@@ -49,3 +49,17 @@ def test_the_compiled_run_runs_every_hot_module_compiled() -> None:
 @pytest.mark.skipif(EXPECT_COMPILED, reason="the compiled run")
 def test_the_pure_run_runs_every_hot_module_from_source() -> None:
     assert not any(compiled.compiled_modules().values()), compiled.compiled_modules()
+
+
+def test_the_build_refuses_a_compiled_class_whose_base_it_cannot_see(tmp_path: Path) -> None:
+    # Built where Django's types are missing (no django-stubs: a build without isolation,
+    # or an old build requirement), mypy saw the backend's base class as Any, and mypyc
+    # compiled a FastCache that failed on its construction (SystemError). The build's
+    # options make that a type error, so that the build falls back to pure Python.
+    api = pytest.importorskip("mypy.api")
+    backend = Path(compiled.__file__).parent / "backends" / "fastcache.py"
+    out, err, status = api.run(
+        [*compiled.MYPYC_OPTIONS, "--no-site-packages", f"--cache-dir={tmp_path}", str(backend)]
+    )
+    assert status == 1, out + err
+    assert 'Class cannot subclass "BaseCache" (has type "Any")' in out
