@@ -131,6 +131,13 @@ def unwritable_reason(directory: str) -> str | None:
     existing = root
     while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)  # it will be created there
+    if existing != root:
+        # Not made yet: it will be made in the nearest parent that exists, which is all
+        # this process must be able to write. What that parent holds besides (/tmp's other
+        # files, say) is not the tier's.
+        if not os.access(existing, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE):
+            return _unwritable(directory, existing, missing=True)
+        return None
     for path, names, files in os.walk(existing):
         if not os.access(path, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE):
             return _unwritable(directory, path)
@@ -143,8 +150,6 @@ def unwritable_reason(directory: str) -> str | None:
         # lies deeper is large values in files of their own, possibly many.
         depth = 0 if path == existing else os.path.relpath(path, existing).count(os.sep) + 1
         names[:] = [n for n in names if depth < 2 and not os.path.islink(os.path.join(path, n))]
-        if existing != root:
-            break  # only the parent that exists: what is below it does not yet
     return None
 
 
@@ -173,7 +178,7 @@ def _read_only_mount(path: str) -> bool:
         return False
 
 
-def _unwritable(directory: str, path: str) -> str:
+def _unwritable(directory: str, path: str, missing: bool = False) -> str:
     if _read_only_mount(path):
         return (
             f"the disk tier directory {directory} is on a read-only file system ({path}); "
@@ -186,6 +191,14 @@ def _unwritable(directory: str, path: str) -> str:
         mode = f"mode {stat.S_IMODE(os.stat(path).st_mode):04o}, owner uid {os.stat(path).st_uid}"
     except OSError as exc:
         mode = str(exc)
+    if missing:
+        uid = os.geteuid()
+        return (
+            f"the disk tier directory {directory} does not exist, and this process (uid "
+            f"{uid}) cannot make it: {path} ({mode}) is not writable by it. Fix: make the "
+            f"directory for it (mkdir -p {directory}; chown {uid} {directory}; chmod 700 "
+            f"{directory}), or give it a disk_directory it can make"
+        )
     return (
         f"the disk tier directory {directory} is not writable by this process (uid "
         f"{os.geteuid()}): {path} ({mode}); its writes would reach memcached only, and "

@@ -21,7 +21,12 @@ from django.test import override_settings
 
 from django_fastcache.backends import FastCache
 from django_fastcache.checks import check_fastcache_settings
-from django_fastcache.disk.location import default_directory, prepare, unsafe_reason
+from django_fastcache.disk.location import (
+    default_directory,
+    prepare,
+    unsafe_reason,
+    unwritable_reason,
+)
 from django_fastcache.testing.servers import free_port
 
 OTHER_UID = 4242
@@ -204,6 +209,47 @@ def test_a_file_this_process_cannot_write_is_named(
         prepare(str(target))
     assert str(target / "cache.db") in str(refused.value)
     assert "chmod -R u+rwX" in str(refused.value)
+
+
+def test_a_directory_not_made_yet_is_judged_by_its_parent_alone(
+    parent: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A first deploy's default directory under /tmp, whose other files belong to other
+    # users: those are not the tier's, and the process can make its directory there. (The
+    # system check blamed one of them, E051, and stopped the deploy's first migrate.)
+    (parent / "someone-elses-file").write_bytes(b"")
+    monkeypatch.setattr(
+        "django_fastcache.disk.location.os.access",
+        _access_refusing({"someone-elses-file": -1}),
+    )
+    assert unwritable_reason(str(parent / "tier" / "not-made-yet")) is None
+    assert not (parent / "tier").exists()  # judging makes nothing
+
+
+def test_a_directory_its_process_cannot_make_names_the_parent_and_the_fix(
+    parent: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = parent / "tier" / "not-made-yet"
+    monkeypatch.setattr(
+        "django_fastcache.disk.location.os.access", _access_refusing({"parent": -1})
+    )
+    reason = unwritable_reason(str(target))
+    assert reason is not None
+    assert f"{target} does not exist" in reason
+    assert f"{parent} (mode 0755" in reason
+    assert f"mkdir -p {target}" in reason
+    caches = {
+        "default": {
+            "BACKEND": "django_fastcache.backends.FastCache",
+            "LOCATION": "127.0.0.1:11211",
+            "OPTIONS": {"disk_directory": str(target)},
+        }
+    }
+    with override_settings(CACHES=caches):
+        (message,) = check_fastcache_settings()
+    assert message.id == "django_fastcache.E051"
+    assert "cannot make it" in message.msg
+    assert message.hint.startswith(f"make the directory for it (mkdir -p {target}")
 
 
 @contextlib.contextmanager
