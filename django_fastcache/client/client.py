@@ -131,9 +131,10 @@ class Client(CommandSet):
         with self._lock:
             pools = self._pools_by_loop.get(loop)
             if pools is None:
-                # A closed loop never runs again: let its pools go.
+                # A closed loop never runs again: let its pools go, and their connections.
                 for old_loop in [lp for lp in self._pools_by_loop if lp.is_closed()]:
-                    del self._pools_by_loop[old_loop]
+                    for pool in self._pools_by_loop.pop(old_loop):
+                        pool.release_closed_loop()
                 pools = [Pool(a, self._pool_settings, loop) for a in self.cluster.addresses]
                 self._pools_by_loop[loop] = pools
         if self.cluster.discovery is not None:

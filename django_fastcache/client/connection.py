@@ -321,6 +321,24 @@ class Connection(asyncio.Protocol):
             transport.abort()
         self._fail_pending(self._closed_error)
 
+    def end_after_loop_closed(self) -> None:
+        """End an idle connection whose event loop has closed. uvloop closed its transport
+        with the loop; asyncio's own cannot be closed without its loop, so its socket is
+        shut down, which ends the connection on memcached's side at once (the descriptor
+        itself goes with the transport, to the garbage collector)."""
+        if self._closed_error is None:
+            self._closed_error = ConnectionLostError("its event loop closed")
+        transport, self._transport = self._transport, None
+        if transport is None:
+            return
+        try:
+            transport.abort()
+        except RuntimeError:  # the loop is closed
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         """Close quietly (an idle connection being let go)."""
         if self._closed_error is None:

@@ -9,6 +9,7 @@ neither, and each test starts once the server has seen the earlier tests' connec
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -276,6 +277,34 @@ def test_each_event_loop_has_its_own_connections(server: MemcachedServer, probe:
     assert seen["one"]["open"] == seen["two"]["open"] == 2
     assert seen["one"]["opened"] == 2
     assert probe.total() - total_before == 2
+
+
+@pytest.mark.parametrize("pipelining", [True, False])
+def test_a_closed_loops_connections_are_ended_when_the_next_loop_starts(
+    server: MemcachedServer, probe: Probe, pipelining: bool
+) -> None:
+    # A loop per call, as Django gives an async view under WSGI: each loop's connection
+    # is ended once the next loop first uses the client, not left open on memcached until
+    # the garbage collector (held off here) gets to it.
+    baseline = probe.current()
+    total_before = probe.total()
+    client = _Client([server.location], pipelining=pipelining, autobatching=pipelining)
+    gc.disable()
+    try:
+        for _ in range(10):
+            assert asyncio.run(client.get(b"loop:absent")) is None
+        # Nine loops' connections ended; the last loop's is let go by the next loop.
+        asyncio.run(eventually(lambda: probe.current() <= baseline + 1))
+
+        async def last() -> None:
+            assert await client.get(b"loop:absent") is None
+            await client.aclose()
+
+        asyncio.run(last())
+        asyncio.run(eventually(lambda: probe.current() == baseline))
+    finally:
+        gc.enable()
+    assert probe.total() - total_before == 11
 
 
 # -- aclose ----------------------------------------------------------------------------------------
