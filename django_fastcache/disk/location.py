@@ -65,7 +65,7 @@ def unsafe_reason(directory: str) -> str | None:
     while True:
         try:
             info = os.stat(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (below a file: unwritable_reason)
             info = None
         if info is not None:
             # The directory itself must be ours alone; a parent may be root's too.
@@ -130,6 +130,8 @@ def unwritable_reason(directory: str) -> str | None:
     root = os.path.realpath(directory)
     existing = root
     while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        if os.path.lexists(existing):  # a file (or a dangling link) where a directory goes
+            return _cannot_make(directory, f"{existing} exists and is not a directory")
         existing = os.path.dirname(existing)  # it will be created there
     if existing != root:
         # Not made yet: it will be made in the nearest parent that exists, which is all
@@ -209,6 +211,13 @@ def _unwritable(directory: str, path: str, missing: bool = False) -> str:
     )
 
 
+def _cannot_make(directory: str, why: str) -> str:
+    return (
+        f"the disk tier directory {directory} cannot be made: {why}. Fix: set disk_directory "
+        "to a directory this process can make (or one it owns, mode 0700)"
+    )
+
+
 def prepare(directory: str) -> None:
     """Create ``directory`` (0700, missing parents too) and refuse an unsafe one, or one
     this process cannot write."""
@@ -218,7 +227,13 @@ def prepare(directory: str) -> None:
             make_private(directory)
         except OSError as exc:
             if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
-                raise
+                # Said with the option to change, not as a bare errno (a path under /proc,
+                # a file in the way).
+                where = exc.filename or directory
+                raise OSError(
+                    unwritable_reason(directory)
+                    or _cannot_make(directory, f"{exc.strerror} ({where})")
+                ) from exc
             # judged below, with the part that cannot be written named
         reason = unsafe_reason(directory) or unwritable_reason(directory)
     if reason is not None:

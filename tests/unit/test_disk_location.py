@@ -252,6 +252,41 @@ def test_a_directory_its_process_cannot_make_names_the_parent_and_the_fix(
     assert message.hint.startswith(f"make the directory for it (mkdir -p {target}")
 
 
+@pytest.mark.parametrize("below", ["", "tier"])
+def test_a_file_where_the_directory_goes_is_named_by_the_check_and_the_backend(
+    parent: Path, below: str
+) -> None:
+    in_the_way = parent / "a-file"
+    in_the_way.write_bytes(b"")
+    directory = in_the_way / below if below else in_the_way
+    caches = {
+        "default": {
+            "BACKEND": "django_fastcache.backends.FastCache",
+            "LOCATION": f"127.0.0.1:{free_port()}",
+            "OPTIONS": {"disk_directory": str(directory)},
+        }
+    }
+    with override_settings(CACHES=caches):
+        (message,) = check_fastcache_settings()
+    assert message.id == "django_fastcache.E051"
+    assert f"{in_the_way} exists and is not a directory" in message.msg
+    assert message.hint.startswith("set disk_directory to a directory this process can make")
+    cache = FastCache(caches["default"]["LOCATION"], {"OPTIONS": caches["default"]["OPTIONS"]})
+    with pytest.raises(ImproperlyConfigured, match="exists and is not a directory"):
+        cache.get("k")
+
+
+def test_a_directory_that_cannot_be_made_names_the_option(tmp_path: Path) -> None:
+    # Under /proc nothing can be made, whatever the permissions say: the error names the
+    # option to change, not just the errno.
+    directory = "/proc/fastcache-tier"
+    cache = FastCache(f"127.0.0.1:{free_port()}", {"OPTIONS": {"disk_directory": directory}})
+    with pytest.raises(ImproperlyConfigured) as refused:
+        cache.get("k")
+    assert f"the disk tier directory {directory} cannot be made" in str(refused.value)
+    assert "Fix: set disk_directory" in str(refused.value)
+
+
 @contextlib.contextmanager
 def _read_only_mount(path: Path) -> Iterator[Path]:
     """A small tmpfs at ``path``, mounted read-only (root only: skipped otherwise)."""
