@@ -47,6 +47,43 @@ def _secret_key() -> str:
         return ""
 
 
+#: memcached's longest key, in bytes.
+_MAX_KEY = 250
+
+
+def _key_prefix_problems(alias: str, config: dict[str, Any]) -> list[CheckMessage]:
+    """A KEY_PREFIX that makes every key invalid under Django's key function
+    (``prefix:version:key``): each operation would raise InvalidCacheKey."""
+    prefix = str(config.get("KEY_PREFIX", ""))
+    smallest = f"{prefix}:{config.get('VERSION', 1)}:x"
+    try:
+        data = smallest.encode()
+    except UnicodeEncodeError:
+        data = None
+    hint = "Change KEY_PREFIX, or set the hash_invalid_keys option."
+    if data is None or any(byte <= 0x20 or byte == 0x7F for byte in data):
+        return [
+            Error(
+                f"CACHES[{alias!r}]: KEY_PREFIX {prefix!r} holds characters memcached refuses"
+                " in a key (whitespace, control characters): every key would be refused"
+                " (InvalidCacheKey).",
+                hint=hint,
+                id="django_fastcache.E022",
+            )
+        ]
+    if len(data) > _MAX_KEY:
+        return [
+            Error(
+                f"CACHES[{alias!r}]: KEY_PREFIX is {len(prefix.encode())} bytes long: with"
+                f" the version, every key would be longer than memcached's {_MAX_KEY} bytes"
+                " (InvalidCacheKey).",
+                hint=hint,
+                id="django_fastcache.E022",
+            )
+        ]
+    return []
+
+
 @register(Tags.caches)
 def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
@@ -93,6 +130,8 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
                     )
                 )
             seen.setdefault(node_id, server)
+        if not options.hash_invalid_keys and "KEY_FUNCTION" not in config:
+            messages.extend(_key_prefix_problems(alias, config))
         if options.sign_values and options.signing_key is None and not _secret_key():
             messages.append(
                 Error(

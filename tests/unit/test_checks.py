@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.core import checks
+from django.core.cache.backends.base import InvalidCacheKey
 from django.core.checks import Error
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -124,6 +125,27 @@ def test_options_of_none_are_no_options() -> None:
     with override_settings(CACHES=caches):
         assert checks.run_checks(tags=[checks.Tags.caches]) == []
     assert FastCache(GOOD, {"OPTIONS": None}).default_timeout == 300
+
+
+@pytest.mark.parametrize("prefix", ["my site", "tab\there", "x" * 247, "caf\udce9"])
+def test_a_key_prefix_that_makes_every_key_invalid_is_e022(prefix: str) -> None:
+    config = {"BACKEND": BACKEND, "LOCATION": GOOD, "KEY_PREFIX": prefix}
+    assert ids(run({"default": config})) == ["django_fastcache.E022"]
+    with pytest.raises(InvalidCacheKey):  # what every call would meet
+        FastCache(GOOD, {"KEY_PREFIX": prefix}).make_and_validate_key("k")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"KEY_PREFIX": "x" * 246},  # "x…x:1:k" is 250 bytes: fits
+        {"KEY_PREFIX": "my site", "OPTIONS": {"hash_invalid_keys": True}},
+        {"KEY_PREFIX": "my site", "KEY_FUNCTION": "myproject.cache.make_key"},
+        {"KEY_PREFIX": "café"},
+    ],
+)
+def test_a_key_prefix_keys_can_live_with_is_no_error(config: dict[str, Any]) -> None:
+    assert run({"default": {"BACKEND": BACKEND, "LOCATION": GOOD, **config}}) == []
 
 
 @pytest.mark.parametrize("location", [None, "", [], " ; , "])
