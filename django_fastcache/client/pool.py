@@ -346,32 +346,27 @@ class Pool:
         """Let go of a pool whose event loop has closed: its idle connections are ended
         now, not left open to the garbage collector. A loop per call, as Django gives an
         async view under WSGI, would otherwise leave a connection per request open on
-        memcached until a collection."""
-        if self._purge_timer is not None:
-            self._purge_timer.cancel()
-            self._purge_timer = None
-        self._closed = True
-        if self._client_metrics is not None:
-            self._client_metrics.detach(self.calls)
-        while self._idle:
-            self._idle.pop().end_after_loop_closed()
-            self._size -= 1
-            self.metrics.connections_closed += 1
+        memcached until a collection. (No waiter is left: none waits on a closed loop.)"""
+        self._shut(Connection.end_after_loop_closed)
 
     def close(self) -> None:
-        if self._purge_timer is not None:
-            self._purge_timer.cancel()
-            self._purge_timer = None
-        self._closed = True
-        if self._client_metrics is not None:
-            self._client_metrics.detach(self.calls)
-        while self._idle:
-            self._idle.pop().close()
-            self._size -= 1
+        self._shut(Connection.close)
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(ClientClosedError("the client is closed"))
+
+    def _shut(self, end: Callable[[Connection], None]) -> None:
+        """Take no more calls, and ``end`` each idle connection."""
+        if self._purge_timer is not None:
+            self._purge_timer.cancel()
+            self._purge_timer = None
+        self._closed = True
+        if self._client_metrics is not None:
+            self._client_metrics.detach(self.calls)
+        while self._idle:
+            end(self._idle.pop())
+            self._size -= 1
 
 
 def _wake(watch: asyncio.Future[None]) -> None:
