@@ -51,37 +51,49 @@ def _secret_key() -> str:
 _MAX_KEY = 250
 
 
+#: Django's own key function, named as KEY_FUNCTION may name it.
+_DEFAULT_KEY_FUNCTION = "django.core.cache.backends.base.default_key_func"
+
+
 def _key_prefix_problems(alias: str, config: dict[str, Any]) -> list[CheckMessage]:
-    """A KEY_PREFIX that makes every key invalid under Django's key function
+    """A KEY_PREFIX (or VERSION) that makes every key invalid under Django's key function
     (``prefix:version:key``): each operation would raise InvalidCacheKey."""
-    prefix = str(config.get("KEY_PREFIX", ""))
-    smallest = f"{prefix}:{config.get('VERSION', 1)}:x"
-    try:
-        data = smallest.encode()
-    except UnicodeEncodeError:
-        data = None
+    if config.get("KEY_FUNCTION") not in (None, _DEFAULT_KEY_FUNCTION):
+        return []  # the project's own: its keys are its to make
     hint = "Change KEY_PREFIX, or set the hash_invalid_keys option."
-    if data is None or any(byte <= 0x20 or byte == 0x7F for byte in data):
+    prefix, version = str(config.get("KEY_PREFIX", "")), str(config.get("VERSION", 1))
+    for name, part in (("KEY_PREFIX", prefix), ("VERSION", version)):
+        if not _carried(part):
+            return [
+                Error(
+                    f"CACHES[{alias!r}]: {name} {part!r} holds characters memcached refuses"
+                    " in a key (whitespace, control characters): every key would be refused"
+                    " (InvalidCacheKey).",
+                    hint=hint if name == "KEY_PREFIX" else f"Change {name}.",
+                    id="django_fastcache.E022",
+                )
+            ]
+    made = len(f"{prefix}:{version}:".encode())
+    if made >= _MAX_KEY:
         return [
             Error(
-                f"CACHES[{alias!r}]: KEY_PREFIX {prefix!r} holds characters memcached refuses"
-                " in a key (whitespace, control characters): every key would be refused"
-                " (InvalidCacheKey).",
-                hint=hint,
-                id="django_fastcache.E022",
-            )
-        ]
-    if len(data) > _MAX_KEY:
-        return [
-            Error(
-                f"CACHES[{alias!r}]: KEY_PREFIX is {len(prefix.encode())} bytes long: with"
-                f" the version, every key would be longer than memcached's {_MAX_KEY} bytes"
-                " (InvalidCacheKey).",
+                f"CACHES[{alias!r}]: KEY_PREFIX and VERSION make {made} bytes of every key:"
+                f" with one more, every key but the empty one would be longer than"
+                f" memcached's {_MAX_KEY} bytes (InvalidCacheKey).",
                 hint=hint,
                 id="django_fastcache.E022",
             )
         ]
     return []
+
+
+def _carried(part: str) -> bool:
+    """Whether memcached takes ``part`` within a key."""
+    try:
+        data = part.encode()
+    except UnicodeEncodeError:  # lone surrogates
+        return False
+    return not any(byte <= 0x20 or byte == 0x7F for byte in data)
 
 
 @register(Tags.caches)
@@ -130,7 +142,7 @@ def check_fastcache_settings(app_configs: Any = None, **kwargs: Any) -> list[Che
                     )
                 )
             seen.setdefault(node_id, server)
-        if not options.hash_invalid_keys and "KEY_FUNCTION" not in config:
+        if not options.hash_invalid_keys:
             messages.extend(_key_prefix_problems(alias, config))
         if options.sign_values and options.signing_key is None and not _secret_key():
             messages.append(

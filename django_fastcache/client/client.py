@@ -131,10 +131,15 @@ class Client(CommandSet):
         with self._lock:
             pools = self._pools_by_loop.get(loop)
             if pools is None:
-                # A closed loop never runs again: let its pools go, and their connections.
+                # A closed loop never runs again: let its pools go, and their connections,
+                # those its pipelined requests held too (a retrieval cancelled with its
+                # reply still due keeps its connection from going back to the pool).
                 for old_loop in [lp for lp in self._pools_by_loop if lp.is_closed()]:
+                    held = [lane.shared for lane in self._lanes_by_loop.pop(old_loop, ())]
                     for pool in self._pools_by_loop.pop(old_loop):
-                        pool.release_closed_loop()
+                        _quietly(pool.release_closed_loop)
+                    for shared in held:
+                        _quietly(shared.end_after_loop_closed)
                 pools = [Pool(a, self._pool_settings, loop) for a in self.cluster.addresses]
                 self._pools_by_loop[loop] = pools
         if self.cluster.discovery is not None:
@@ -520,6 +525,13 @@ async def _writes_answered(futures: list[asyncio.Future[Any]]) -> None:
         while isinstance(future, WriteReply) and not future.done():
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await future
+
+
+def _quietly(release: Callable[[], None]) -> None:
+    """Let go of a closed loop's connections; a failure there must not fail the call that
+    opens the new loop's pools, nor stop the others' release."""
+    with contextlib.suppress(Exception):
+        release()
 
 
 def _failure_seen(pool: Pool, kind: ReplyKind, future: asyncio.Future[Any]) -> None:

@@ -329,15 +329,15 @@ class Connection(asyncio.Protocol):
         if self._closed_error is None:
             self._closed_error = ConnectionLostError("its event loop closed")
         transport, self._transport = self._transport, None
-        if transport is None:
+        if transport is None or transport.is_closing():
             return
         try:
             transport.abort()
-        except RuntimeError:  # the loop is closed
+        except RuntimeError:  # the loop is closed (or closing, in another thread)
             sock = transport.get_extra_info("socket")
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            # (uvloop's stand-in socket refuses shutdown() with a TypeError.)
+            with contextlib.suppress(OSError, TypeError, AttributeError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         """Close quietly (an idle connection being let go)."""

@@ -62,6 +62,14 @@ class SharedConnections:
         connection.on_drained = self._drained
         self._connections.append(connection)
 
+    def end_after_loop_closed(self) -> None:
+        """The loop these connections served has closed with requests still in flight on
+        them (cancelled retrievals, whose replies never came): end them."""
+        connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.on_drained = None
+            connection.end_after_loop_closed()
+
     def _drained(self, connection: Connection) -> None:
         connection.on_drained = None
         self._connections.remove(connection)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shlex
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -65,7 +66,7 @@ def unsafe_reason(directory: str) -> str | None:
     while True:
         try:
             info = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):  # (below a file: unwritable_reason)
+        except OSError:  # missing, below a file, out of reach: unwritable_reason says
             info = None
         if info is not None:
             # The directory itself must be ours alone; a parent may be root's too.
@@ -127,19 +128,35 @@ def unwritable_reason(directory: str) -> str | None:
     while processes started earlier (whose files were opened read-write) keep answering
     memcached's misses with the values those writes replaced. Judged with the effective
     ids and capabilities, as a write would be."""
-    root = os.path.realpath(directory)
-    existing = root
-    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
-        if os.path.lexists(existing):  # a file (or a dangling link) where a directory goes
-            return _cannot_make(directory, f"{existing} exists and is not a directory")
-        existing = os.path.dirname(existing)  # it will be created there
-    if existing != root:
-        # Not made yet: it will be made in the nearest parent that exists, which is all
-        # this process must be able to write. What that parent holds besides (/tmp's other
-        # files, say) is not the tier's.
+    target = os.path.abspath(directory)
+    existing = target
+    hidden = False  # a part of the path lies behind a directory this process cannot search
+    while True:
+        try:
+            info = os.stat(existing)
+        except (FileNotFoundError, NotADirectoryError):  # (below a file: found further up)
+            if os.path.islink(existing):
+                return _cannot_make(directory, f"{existing} is a link to nothing")
+        except PermissionError:
+            hidden = True  # the directory that refuses the search is found further up
+        except OSError as exc:  # a loop of links, say
+            return _cannot_make(directory, f"{existing}: {exc.strerror}")
+        else:
+            if not stat.S_ISDIR(info.st_mode):
+                return _cannot_make(directory, f"{existing} exists and is not a directory")
+            break
+        parent = os.path.dirname(existing)
+        if parent == existing:
+            return None  # (the root itself cannot be looked at: nothing to judge)
+        existing = parent
+    if existing != target:
+        # Not made yet, or out of this process's sight: it will be made in the nearest
+        # parent that exists, which is all this process must be able to write and search.
+        # What that parent holds besides (/tmp's other files, say) is not the tier's.
         if not os.access(existing, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE):
-            return _unwritable(directory, existing, missing=True)
+            return _unwritable(directory, existing, "hidden" if hidden else "missing")
         return None
+    existing = os.path.realpath(existing)
     for path, names, files in os.walk(existing):
         if not os.access(path, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE):
             return _unwritable(directory, path)
@@ -180,7 +197,9 @@ def _read_only_mount(path: str) -> bool:
         return False
 
 
-def _unwritable(directory: str, path: str, missing: bool = False) -> str:
+def _unwritable(directory: str, path: str, why: str = "") -> str:
+    """Why ``directory`` cannot be written, ``path`` being the part that refuses it; ``why``
+    is "missing" for a directory not made yet, "hidden" for one behind ``path``."""
     if _read_only_mount(path):
         return (
             f"the disk tier directory {directory} is on a read-only file system ({path}); "
@@ -193,19 +212,27 @@ def _unwritable(directory: str, path: str, missing: bool = False) -> str:
         mode = f"mode {stat.S_IMODE(os.stat(path).st_mode):04o}, owner uid {os.stat(path).st_uid}"
     except OSError as exc:
         mode = str(exc)
-    if missing:
-        uid = os.geteuid()
+    quoted, uid = shlex.quote(directory), os.getuid()
+    if why == "missing":
         return (
             f"the disk tier directory {directory} does not exist, and this process (uid "
-            f"{uid}) cannot make it: {path} ({mode}) is not writable by it. Fix: make the "
-            f"directory for it (mkdir -p {directory}; chown {uid} {directory}; chmod 700 "
-            f"{directory}), or give it a disk_directory it can make"
+            f"{os.geteuid()}) cannot make it: {path} ({mode}) is not writable by it. Fix: "
+            f"make the directory for it (mkdir -p {quoted} && chmod 700 {quoted} && chown "
+            f"{uid} {quoted}; no directory above it may be writable by other users), or "
+            "give it a disk_directory it can make"
+        )
+    if why == "hidden":
+        return (
+            f"the disk tier directory {directory} is out of this process's reach (uid "
+            f"{os.geteuid()}): {path} ({mode}) does not let it search inside. Fix: let it "
+            f"in (chmod o+x {shlex.quote(path)}, or a group it belongs to), or give it a "
+            "disk_directory it can reach"
         )
     return (
         f"the disk tier directory {directory} is not writable by this process (uid "
         f"{os.geteuid()}): {path} ({mode}); its writes would reach memcached only, and "
         "processes that opened the directory earlier would answer later misses with the "
-        f"values those writes replaced. Fix: chmod -R u+rwX {directory} as its owner (every "
+        f"values those writes replaced. Fix: chmod -R u+rwX {quoted} as its owner (every "
         "process sharing a disk tier must be able to write it), or stop the processes "
         "using it and give the new ones another disk_directory"
     )
@@ -227,8 +254,8 @@ def prepare(directory: str) -> None:
             make_private(directory)
         except OSError as exc:
             if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
-                # Said with the option to change, not as a bare errno (a path under /proc,
-                # a file in the way).
+                # Said with the option to change, not as a bare errno: a file in the way
+                # (unwritable_reason names it), a path under /proc.
                 where = exc.filename or directory
                 raise OSError(
                     unwritable_reason(directory)

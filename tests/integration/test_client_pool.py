@@ -23,6 +23,7 @@ from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.client.cluster import ClientSettings, Cluster
 from django_fastcache.errors import ClientClosedError
 from django_fastcache.protocol import Item
+from django_fastcache.testing.fake_server import Action, FakeMemcached
 from django_fastcache.testing.servers import MemcachedServer
 
 
@@ -305,6 +306,30 @@ def test_a_closed_loops_connections_are_ended_when_the_next_loop_starts(
     finally:
         gc.enable()
     assert probe.total() - total_before == 11
+
+
+def test_a_closed_loops_connections_held_by_cancelled_retrievals_are_ended_too() -> None:
+    # A pipelined retrieval cancelled with its reply still due keeps its connection from
+    # going back to the pool (the reply would be misread). When its loop closes so (here:
+    # the node never answers, and asyncio.run cancels the waiting task), the next loop's
+    # first call ends that connection all the same.
+    with FakeMemcached(default=Action.IGNORE) as silent:
+        client = _Client([silent.location], pipelining=True, autobatching=False, timeout=30)
+
+        async def call_then_leave(sent: int) -> None:
+            waiting = asyncio.ensure_future(client.get(b"k"))
+            await eventually(lambda: len(silent.requests) == sent)
+            assert not waiting.done()
+
+        gc.disable()
+        try:
+            for sent in range(1, 6):
+                asyncio.run(call_then_leave(sent))
+            # Four loops' connections ended; the fifth's is let go by the next loop.
+            assert silent.wait_for(lambda: silent.closed_by_client == [1, 2, 3, 4])
+        finally:
+            gc.enable()
+        assert silent.accepted == 5
 
 
 # -- aclose ----------------------------------------------------------------------------------------

@@ -127,12 +127,27 @@ def test_options_of_none_are_no_options() -> None:
     assert FastCache(GOOD, {"OPTIONS": None}).default_timeout == 300
 
 
-@pytest.mark.parametrize("prefix", ["my site", "tab\there", "x" * 247, "caf\udce9"])
-def test_a_key_prefix_that_makes_every_key_invalid_is_e022(prefix: str) -> None:
-    config = {"BACKEND": BACKEND, "LOCATION": GOOD, "KEY_PREFIX": prefix}
-    assert ids(run({"default": config})) == ["django_fastcache.E022"]
-    with pytest.raises(InvalidCacheKey):  # what every call would meet
-        FastCache(GOOD, {"KEY_PREFIX": prefix}).make_and_validate_key("k")
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"KEY_PREFIX": "my site"}, "KEY_PREFIX 'my site'"),
+        ({"KEY_PREFIX": "tab\there"}, "KEY_PREFIX 'tab\\there'"),
+        ({"KEY_PREFIX": "caf\udce9"}, "KEY_PREFIX"),
+        ({"VERSION": "v 2"}, "VERSION 'v 2'"),
+        ({"KEY_PREFIX": "x" * 247}, "make 250 bytes"),
+        ({"KEY_PREFIX": "x" * 247, "KEY_FUNCTION": None}, "make 250 bytes"),
+        ({"VERSION": "9" * 300}, "KEY_PREFIX and VERSION make 302 bytes"),
+    ],
+)
+def test_a_key_prefix_that_makes_every_key_invalid_is_e022(
+    given: dict[str, Any], named: str
+) -> None:
+    (message,) = run({"default": {"BACKEND": BACKEND, "LOCATION": GOOD, **given}})
+    assert message.id == "django_fastcache.E022"
+    assert named in message.msg
+    backend_params = {k: v for k, v in given.items() if k != "KEY_FUNCTION"}
+    with pytest.raises(InvalidCacheKey):  # what every call with a key would meet
+        FastCache(GOOD, backend_params).make_and_validate_key("k")
 
 
 @pytest.mark.parametrize(
@@ -141,7 +156,7 @@ def test_a_key_prefix_that_makes_every_key_invalid_is_e022(prefix: str) -> None:
         {"KEY_PREFIX": "x" * 246},  # "x…x:1:k" is 250 bytes: fits
         {"KEY_PREFIX": "my site", "OPTIONS": {"hash_invalid_keys": True}},
         {"KEY_PREFIX": "my site", "KEY_FUNCTION": "myproject.cache.make_key"},
-        {"KEY_PREFIX": "café"},
+        {"KEY_PREFIX": "café", "VERSION": 7},
     ],
 )
 def test_a_key_prefix_keys_can_live_with_is_no_error(config: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -276,6 +277,11 @@ def test_a_file_where_the_directory_goes_is_named_by_the_check_and_the_backend(
         cache.get("k")
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="as root, /proc refuses a new directory with ENOENT; as another user, with "
+    "EACCES, judged as a parent it cannot write (tested above)",
+)
 def test_a_directory_that_cannot_be_made_names_the_option(tmp_path: Path) -> None:
     # Under /proc nothing can be made, whatever the permissions say: the error names the
     # option to change, not just the errno.
@@ -285,6 +291,67 @@ def test_a_directory_that_cannot_be_made_names_the_option(tmp_path: Path) -> Non
         cache.get("k")
     assert f"the disk tier directory {directory} cannot be made" in str(refused.value)
     assert "Fix: set disk_directory" in str(refused.value)
+
+
+def _settings_with(directory: Path) -> dict[str, dict[str, Any]]:
+    return {
+        "default": {
+            "BACKEND": "django_fastcache.backends.FastCache",
+            "LOCATION": f"127.0.0.1:{free_port()}",
+            "OPTIONS": {"disk_directory": str(directory)},
+        }
+    }
+
+
+def test_a_loop_of_links_on_the_path_is_named_not_raised(parent: Path) -> None:
+    (parent / "one").symlink_to(parent / "two")
+    (parent / "two").symlink_to(parent / "one")
+    directory = parent / "one" / "tier"
+    assert unsafe_reason(str(directory)) is None  # nothing to judge there: no exception
+    with override_settings(CACHES=_settings_with(directory)):
+        (message,) = check_fastcache_settings()
+    assert message.id == "django_fastcache.E051"
+    assert "cannot be made" in message.msg
+    assert "symbolic links" in message.msg
+
+
+def test_a_link_to_nothing_where_the_directory_goes_is_named(parent: Path) -> None:
+    (parent / "link").symlink_to(parent / "nowhere" / "x")
+    directory = parent / "link" / "tier"
+    with override_settings(CACHES=_settings_with(directory)):
+        (message,) = check_fastcache_settings()
+    assert message.id == "django_fastcache.E051"
+    assert f"{parent / 'link'} is a link to nothing" in message.msg
+    cache = FastCache(f"127.0.0.1:{free_port()}", {"OPTIONS": {"disk_directory": str(directory)}})
+    with pytest.raises(ImproperlyConfigured, match="is a link to nothing"):
+        cache.get("k")
+
+
+def test_a_directory_behind_one_this_process_cannot_search_is_named(
+    parent: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a user another's 0700 directory keeps out (the tests run as root, which no
+    # permission keeps out: the refusals are made up): stat() of anything inside it fails
+    # with EACCES, which must be judged, not raised.
+    private = parent / "private"
+    (private / "sub").mkdir(parents=True)
+    directory = private / "sub" / "tier"
+    real_stat = os.stat
+
+    def stat_refusing_inside(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(path).startswith(f"{private}{os.sep}"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr("django_fastcache.disk.location.os.stat", stat_refusing_inside)
+    monkeypatch.setattr(
+        "django_fastcache.disk.location.os.access", _access_refusing({"private": -1})
+    )
+    assert unsafe_reason(str(directory)) is None
+    reason = unwritable_reason(str(directory))
+    assert reason is not None
+    assert "out of this process's reach" in reason
+    assert f"chmod o+x {private}" in reason
 
 
 @contextlib.contextmanager
