@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 #: memcached treats a relative expiry above 30 days as a Unix timestamp.
 MAX_RELATIVE_EXPIRY = 60 * 60 * 24 * 30
 #: memcached's expiry is a signed 32-bit number: the latest absolute time it can hold.
@@ -28,7 +26,11 @@ def memcached_exptime(ttl: float | None, now: float) -> int:
         return 0
     if ttl <= 0:
         return -1
-    seconds = math.ceil(ttl)
+    # Rounded up by hand: compiled, math.ceil is a call into another library on every
+    # tiered write.
+    seconds = int(ttl)
+    if seconds < ttl:
+        seconds += 1
     if seconds > MAX_RELATIVE_EXPIRY:
         return min(int(now) + seconds, MAX_EXPTIME)
     return seconds

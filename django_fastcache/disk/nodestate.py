@@ -240,7 +240,9 @@ class NodeStates:
         self.reopened += 1
 
     def is_out(self, node: int) -> bool:
-        return self._maps[node][0] == _OUT
+        # Through the words epoch() reads, not the mapping's own indexing: every get runs
+        # that code, so a write's check finds it in the CPU's caches.
+        return self._words[node][0] >> _STATE_SHIFT & 0xFF == _OUT
 
     def any_out(self) -> bool:
         return any(m[0] == _OUT for m in self._maps)
