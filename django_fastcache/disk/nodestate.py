@@ -132,7 +132,8 @@ class NodeStates:
         #: ``time.monotonic()`` from which :meth:`trusts` checks the files again.
         self._next_check = 0.0
         self._maps, self._node_identities, self._stamps, self._identity = self._open_all()
-        #: Each node's page as uint64s: what :meth:`epoch` reads, twice per request.
+        #: Each node's page as uint64s: what :meth:`epoch` reads, twice per request (and
+        #: :meth:`is_out`, once per write).
         self._words = [memoryview(page).cast("Q") for page in self._maps]
         #: The distrust page as float64s: what :meth:`trusts` reads, per read.
         self._times = memoryview(self._stamps).cast("d")
