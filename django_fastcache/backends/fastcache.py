@@ -23,7 +23,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVar
 
 from django.conf import settings
@@ -35,6 +35,7 @@ from ..bridge import run_blocking
 from ..client import Client
 from ..client.address import parse_locations
 from ..client.blocking import BlockingClient
+from ..client.cluster import Cluster
 from ..client.commands import ADD_SEEING_MAX, CommandSet
 from ..client.events import NodeEvent
 from ..client.metrics import MetricsSnapshot
@@ -368,6 +369,33 @@ class FastCache(BaseCache):
         sync API) and ``"async"`` (the async API). See docs/metrics.md."""
         stack = self._shared()
         return {"blocking": stack.blocking.metrics(), "async": stack.client.metrics()}
+
+    @property
+    def disk_directory(self) -> str | None:
+        """The disk tier's directory (the ``disk_directory`` option, or the one derived
+        from LOCATION); None when the tier is off. Reading it makes nothing."""
+        if not self._options.disk_tier:
+            return None
+        return self._options.disk_directory or default_directory(self._servers)
+
+    def disk_tier_made(self) -> bool:
+        """Whether this alias's disk tier exists: built in this process, or its directory
+        made by some process (the first request of any process makes it)."""
+        if self._stack is not None:
+            return self._stack.tiered is not None
+        directory = self.disk_directory
+        return directory is not None and os.path.isdir(directory)
+
+    def untiered_cluster(self) -> Cluster:
+        """The alias's memcached nodes and client settings, reached without making its disk
+        tier: for a tool that reports on an alias and must leave no files behind (the
+        tier's directory and its table in ``/dev/shm``), such as ``fastcache status``."""
+        if self._stack is not None:
+            return self._stack.blocking.cluster
+        if self._configuration_error is not None:
+            raise ImproperlyConfigured(self._configuration_error)
+        options = replace(self._options, disk_tier=False)
+        return shared_stack(self._servers, options).blocking.cluster
 
     def tier_stats(self) -> dict[str, Any] | None:
         """The disk tier's state: per node ``state`` (up/out) and ``journal_length``, and

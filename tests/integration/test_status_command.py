@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
 
 import pytest
+from django.core.cache import caches as django_caches
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
@@ -37,6 +39,7 @@ def test_reachable_nodes_show_their_version_and_the_disk_tier(
     memcached: MemcachedServer, disk_directory: str
 ) -> None:
     with override_settings(CACHES=caches([memcached.location], disk_directory)):
+        django_caches["fast"].set("made", 1)  # the first request makes the tier
         text = status()
     assert "fast: 1 memcached node(s)" in text
     assert f"{memcached.location}  ok  memcached 1." in text
@@ -71,3 +74,14 @@ def test_an_alias_that_is_not_a_fastcache_is_refused(memcached: MemcachedServer)
             status("--alias", "default")
         with pytest.raises(CommandError, match="no cache alias 'nope'"):
             status("--alias", "nope")
+
+
+def test_a_disk_tier_no_process_made_is_reported_and_not_made(
+    memcached: MemcachedServer, disk_directory: str
+) -> None:
+    with override_settings(CACHES=caches([memcached.location], disk_directory)):
+        text = status("--alias", "fast")
+    assert f"{memcached.location}  ok  memcached 1." in text
+    assert f"disk tier: {disk_directory} (not made yet:" in text
+    assert "tier: up" not in text
+    assert not os.path.exists(disk_directory)

@@ -4,7 +4,8 @@
 Each node is reached over a connection of its own (not the process's pooled ones), asked
 for its version and timed, so a wrong LOCATION shows up as the error that names the fix.
 The disk tier's state (up/out per node as the host sees it, journal lengths) and this
-process's counters follow. The exit status is 1 when a node cannot be reached.
+process's counters follow; a tier no process has made yet is reported as such, not made.
+The exit status is 1 when a node cannot be reached.
 """
 
 from __future__ import annotations
@@ -96,14 +97,18 @@ class Command(BaseCommand):
 
     def _report(self, alias: str, cache: FastCache) -> int:
         write = self.stdout.write
-        cluster = cache.blocking_client.cluster
+        # A tier no process has made yet stays unmade: building it here would leave its
+        # directory and its table in /dev/shm behind for an alias nothing uses (a LOCATION
+        # or disk_directory mistyped in a settings file, say).
+        made = cache.disk_tier_made()
+        cluster = cache.blocking_client.cluster if made else cache.untiered_cluster()
         try:
             nodes = [cluster.addresses[slot] for slot in cluster.live_nodes()]
         except FastCacheError as exc:  # autodiscovery could not fetch the node list
             write(f"{alias}: no node list: {exc}", style_func=self.style.ERROR)
             return 1
         write(f"{alias}: {len(nodes)} memcached node(s)")
-        tier = cache.tier_stats()
+        tier = cache.tier_stats() if made else None
         tier_nodes: dict[str, Any] = {} if tier is None else tier["nodes"]
         unreachable = 0
         for address in nodes:
@@ -121,8 +126,13 @@ class Command(BaseCommand):
                 journal = node["journal_length"]
                 line += f"  tier: {node['state']}, journal {'?' if journal is None else journal}"
             write(line, style_func=self.style.ERROR if error else None)
-        if tier is None:
+        if cache.disk_directory is None:
             write("  disk tier: off")
+        elif tier is None:
+            write(
+                f"  disk tier: {cache.disk_directory} (not made yet: no process has used this"
+                " alias; the first request makes it)"
+            )
         else:
             write(f"  disk tier: {tier['directory']}")
             counters = {k: v for k, v in tier.items() if k not in ("directory", "nodes")}
