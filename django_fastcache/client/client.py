@@ -19,12 +19,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import CommandError, ConnectionLostError, FastCacheError, InvalidArgumentError
+from ..errors import CommandError, ConnectionLostError, FastCacheError
 from ..protocol import Item, ReplyKind, Status, get_command, validate_key
 from . import forksafe
 from .address import Address
 from .batching import GetBatcher, Round  # at import: a first get must not need a file (see Lane)
-from .cluster import ClientSettings, Cluster
+from .cluster import ClientSettings, Cluster, check_setting_types
 from .commands import CommandSet, Expected, Meanwhile, Replies, Requests
 from .connection import Connection, WriteReply
 from .events import NodeEventCallback, NodeHealth
@@ -64,6 +64,24 @@ class Client(CommandSet):
         autodiscovery_interval: float = 60.0,
         meta: bool = True,
     ) -> None:
+        # Checked here too, not only by ClientSettings: compiled, it refuses a wrong type
+        # with a bare TypeError of its own, and takes a bool for a count.
+        check_setting_types(
+            {
+                "timeout": timeout,
+                "connect_timeout": connect_timeout,
+                "min_connections": min_connections,
+                "max_connections": max_connections,
+                "idle_timeout": idle_timeout,
+                "max_value_size": max_value_size,
+                "latency_metrics": latency_metrics,
+                "autobatching": autobatching,
+                "pipelining": pipelining,
+                "autodiscovery": autodiscovery,
+                "autodiscovery_interval": autodiscovery_interval,
+                "meta": meta,
+            }
+        )
         security = make_security(ssl, username, password)
         settings = ClientSettings(
             timeout=timeout,
@@ -96,9 +114,6 @@ class Client(CommandSet):
             security=security,
         )
         self._pools_by_loop: dict[asyncio.AbstractEventLoop, list[Pool]] = {}
-        for name, flag in (("autobatching", autobatching), ("pipelining", pipelining)):
-            if not isinstance(flag, bool):
-                raise InvalidArgumentError(f"{name} must be a bool, got {flag!r}")
         #: Whether concurrent single-key gets of one loop iteration share a request.
         self.autobatching = autobatching
         #: Whether concurrent requests for one node share connections (see pipelining.py)

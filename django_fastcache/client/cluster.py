@@ -31,6 +31,29 @@ logger = logging.getLogger("django_fastcache")
 #: Told the slots that joined (before keys are routed to them) or left (after).
 SlotsListener = Callable[[tuple[int, ...]], None]
 
+#: The settings by kind, for :func:`check_setting_types`.
+_SECONDS = ("timeout", "connect_timeout", "idle_timeout", "autodiscovery_interval")
+_COUNTS = ("min_connections", "max_connections", "max_value_size")
+
+
+def check_setting_types(values: dict[str, object]) -> None:
+    """Refuse a setting of the wrong type, naming it (:class:`InvalidArgumentError`).
+
+    Without this a wrong type passed unseen (a string where a flag belongs is true, a
+    float where a count belongs counts) or failed with a message naming neither the
+    setting nor what it takes; and compiled, :class:`ClientSettings` refuses it with a
+    bare ``TypeError`` of its own. ``bool`` is not taken for a number. Values that are
+    not settings' (``placement``, ``security``) are left to their own checks."""
+    for name, value in values.items():
+        if name in _SECONDS:
+            if type(value) is bool or not isinstance(value, (int, float)):
+                raise InvalidArgumentError(f"{name} must be a number of seconds, got {value!r}")
+        elif name in _COUNTS:
+            if type(value) is bool or not isinstance(value, int):
+                raise InvalidArgumentError(f"{name} must be an int, got {value!r}")
+        elif name != "placement" and name != "security" and not isinstance(value, bool):
+            raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
+
 
 @dataclass(frozen=True)
 class ClientSettings:
@@ -61,11 +84,25 @@ class ClientSettings:
     meta: bool = True
 
     def __post_init__(self) -> None:
-        if self.timeout <= 0 or self.connect_timeout <= 0:
+        check_setting_types(
+            {
+                "timeout": self.timeout,
+                "connect_timeout": self.connect_timeout,
+                "min_connections": self.min_connections,
+                "max_connections": self.max_connections,
+                "idle_timeout": self.idle_timeout,
+                "max_value_size": self.max_value_size,
+                "autodiscovery": self.autodiscovery,
+                "autodiscovery_interval": self.autodiscovery_interval,
+                "meta": self.meta,
+            }
+        )
+        # (``not x > 0`` rather than ``x <= 0``: NaN is refused too.)
+        if not self.timeout > 0 or not self.connect_timeout > 0:
             raise InvalidArgumentError("timeouts must be positive")
         if not 1 <= self.min_connections <= self.max_connections:
             raise InvalidArgumentError("need 1 <= min_connections <= max_connections")
-        if self.idle_timeout <= 0 or self.max_value_size <= 0:
+        if not self.idle_timeout > 0 or not self.max_value_size > 0:
             raise InvalidArgumentError("idle_timeout and max_value_size must be positive")
         if self.placement not in PLACEMENTS:
             raise InvalidArgumentError(
@@ -74,8 +111,6 @@ class ClientSettings:
             )
         if not self.autodiscovery_interval > 0:
             raise InvalidArgumentError("autodiscovery_interval must be positive")
-        if not isinstance(self.meta, bool):
-            raise InvalidArgumentError(f"meta must be a bool, got {self.meta!r}")
 
 
 class Cluster:
