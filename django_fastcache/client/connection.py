@@ -323,9 +323,12 @@ class Connection(asyncio.Protocol):
 
     def end_after_loop_closed(self) -> None:
         """End an idle connection whose event loop has closed. uvloop closed its transport
-        with the loop; asyncio's own cannot be closed without its loop, so its socket is
-        shut down, which ends the connection on memcached's side at once (the descriptor
-        itself goes with the transport, to the garbage collector)."""
+        with the loop; asyncio's own cannot be closed without its loop (its abort() ends
+        in scheduling the close on it), so its socket is shut down, which ends the
+        connection on memcached's side at once, and closed here, as that scheduled close
+        would have: left to the garbage collector, it would warn (``ResourceWarning``,
+        shown under ``python -X dev`` and by test runners) and hold the descriptor
+        until a collection."""
         if self._closed_error is None:
             self._closed_error = ConnectionLostError("its event loop closed")
         transport, self._transport = self._transport, None
@@ -338,6 +341,7 @@ class Connection(asyncio.Protocol):
             # (uvloop's stand-in socket refuses shutdown() with a TypeError.)
             with contextlib.suppress(OSError, TypeError, AttributeError):
                 sock.shutdown(socket.SHUT_RDWR)
+            _close_socket_of(transport)
 
     def close(self) -> None:
         """Close quietly (an idle connection being let go)."""
@@ -367,6 +371,17 @@ _ABORT_LINGER = struct.pack("ii", 1, 0)
 
 
 _RETRIEVAL = ReplyKind.RETRIEVAL
+
+
+def _close_socket_of(transport: asyncio.BaseTransport) -> None:
+    """Close the socket of an asyncio selector transport whose loop has closed, and
+    detach it, as the transport's own close on its loop would have (which cannot run
+    now). Only asyncio's own transports keep it (``_sock``): others are left alone."""
+    attributes: dict[str, Any] = getattr(transport, "__dict__", {})
+    sock = attributes.get("_sock")
+    if isinstance(sock, socket.socket):
+        attributes["_sock"] = None  # what the transport checks before warning of a leak
+        sock.close()
 
 
 def _reset_on_close(transport: asyncio.BaseTransport) -> None:

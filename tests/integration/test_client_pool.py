@@ -12,6 +12,7 @@ import asyncio
 import gc
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -306,6 +307,37 @@ def test_a_closed_loops_connections_are_ended_when_the_next_loop_starts(
     finally:
         gc.enable()
     assert probe.total() - total_before == 11
+
+
+@pytest.mark.parametrize("pipelining", [True, False])
+def test_a_closed_loops_connections_are_closed_without_a_resource_warning(
+    server: MemcachedServer, pipelining: bool
+) -> None:
+    # asyncio's transports of a closed loop cannot close on it: ended by the next loop,
+    # their sockets are closed then, not left to the garbage collector, which would warn
+    # of each (ResourceWarning: what `python -X dev` and test runners show).
+    client = _Client([server.location], pipelining=pipelining, autobatching=pipelining)
+    gc.disable()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            for _ in range(3):
+                loop = asyncio.new_event_loop()  # asyncio's own (uvloop warns at its close)
+                try:
+                    assert loop.run_until_complete(client.get(b"loop:absent")) is None
+                finally:
+                    loop.close()
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(client.get(b"loop:absent"))  # ends the three
+                loop.run_until_complete(client.aclose())
+            finally:
+                loop.close()
+            gc.collect()
+    finally:
+        gc.enable()
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert leaks == []
 
 
 def test_a_closed_loops_connections_held_by_cancelled_retrievals_are_ended_too() -> None:
