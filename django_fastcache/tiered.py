@@ -1665,7 +1665,16 @@ class TieredStore:
             try:
                 count = counted(await client.meta_line(node, line))
             except MetaUnsupportedError:
-                value = await (client.decr(key, -delta) if delta < 0 else client.incr(key, delta))
+                try:
+                    value = await (
+                        client.decr(key, -delta) if delta < 0 else client.incr(key, delta)
+                    )
+                except CommandError as refused:
+                    # Not a number: memcached kept its value, the disk its copy.
+                    kept = await client.get(key)
+                    if kept is not None:
+                        self._copy_again(key, prev, bumped, kept.value, kept.flags)
+                    raise refused  # (named: see _stored_under)
                 # No TTL to copy: a TTL of 0 queues a delete (the key misses on disk).
                 return None if value is None else (value, 0.0, now)
             except CommandError as refusal:
@@ -1683,6 +1692,8 @@ class TieredStore:
                     # beyond 2**64 - 1), not a stub replaced meanwhile.
                     # (Named, not a bare raise: see _stored_under.)
                     if not held.value.strip().isdigit() or refused_digits:
+                        # memcached kept its value, so the disk keeps its copy.
+                        self._copy_again(key, prev, bumped, held.value, held.flags)
                         raise refusal
                     refused_digits = True
                     continue  # a stub then, replaced by its value since: count again
@@ -1706,6 +1717,20 @@ class TieredStore:
             self._behind(key, stamp, entry.data, entry.flags, entry.expire_at, entry.written_at)
             raise _StubStayed
         return None
+
+    def _copy_again(
+        self, key: bytes, prev: int, bumped: list[int], data: bytes, flags: int
+    ) -> None:
+        """An increment memcached refused (its value not a number) changed nothing there,
+        but its stamp hid the key's disk copy: queue that copy again under the increment's
+        stamp when it holds what memcached still does, while no other write of the slot
+        was stamped since (as every write's copy is queued: :meth:`_behind`). A copy that
+        had not landed yet stays hidden: the key misses on disk once memcached loses it."""
+        if not self._slot_still(key, bumped):
+            return
+        entry = self._on_disk(key, prev)
+        if entry is not None and entry.data == data and entry.flags == flags:
+            self._behind(key, bumped[1], entry.data, entry.flags, entry.expire_at, entry.written_at)
 
     def _incr_on_disk(
         self, key: bytes, delta: int, bumped: list[int], strict: bool = False

@@ -35,7 +35,12 @@ from django_fastcache.bridge import run_blocking
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.disk import DiskError
 from django_fastcache.disk.stamps import StampsUnavailable, WriteStamps
-from django_fastcache.errors import OperationTimeoutError, OutcomeUnknownError, TLSError
+from django_fastcache.errors import (
+    ClientError,
+    OperationTimeoutError,
+    OutcomeUnknownError,
+    TLSError,
+)
 from django_fastcache.serializers import FLAG_INTEGER
 from django_fastcache.stampede import blocking_pause
 from django_fastcache.stampede import get_or_set as leased_get_or_set
@@ -1938,4 +1943,85 @@ def test_a_call_stamped_between_an_outage_write_s_stamp_and_its_landing_never_an
             assert value is None  # missing: neither 6 (counted on 5) nor 8
         assert log.get(cache, 0, "k") is None  # never 5
         assert log.get(other, 1, "k") is None
+    assert log.stale_reads() == []
+
+
+# -- an increment memcached refused (its value not a number) --------------------------------
+
+
+def _text_set(log: Log, cache: FastCache, process: int, key: str, text: str) -> None:
+    start = time.monotonic_ns()
+    cache.set(key, text, timeout=None)
+    log.record(Op(process, SET, key, text, start, time.monotonic_ns(), True))
+
+
+def _calling_after(client: BlockingClient, method: str, hook: Callable[[], None]) -> Any:
+    """A twin of ``client`` that runs ``hook`` once, just after its first call of the
+    coroutine method ``method`` returned."""
+    original = getattr(client, method)
+    pending: list[Callable[[], None]] = [hook]
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        result = await original(*args, **kwargs)
+        if pending:
+            pending.pop()()
+        return result
+
+    return twin(client, **{method: call})
+
+
+@pytest.mark.parametrize("when", ["before its read", "after its read", "while it waits"])
+def test_a_refused_increment_s_disk_copy_never_hides_a_later_write(
+    server: MemcachedServer, directory: str, when: str
+) -> None:
+    # An increment memcached refuses (the key holds text) stamped the key, hiding its
+    # disk copy; it reads memcached's value and, when the copy holds the same and no
+    # write was stamped since, queues the copy again under its own stamp. Another
+    # process's write lands in memcached just before that read, just after it, or once
+    # the copy waits in the queue: memcached then loses everything. The text must never
+    # come back over the other write (its value, or a miss).
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store, wire = tier(cache), cache.wire_key("t")
+    _text_set(log, cache, 0, "t", "first text")
+    assert store.flush(LANDING_WAIT)
+
+    def other_writes() -> None:
+        _text_set(log, other, 1, "t", "other text")
+
+    if when == "before its read":
+        client = calling_first(store.blocking, "get", other_writes)
+    elif when == "after its read":
+        client = _calling_after(store.blocking, "get", other_writes)
+    else:
+        client = store.blocking
+        store.behind.pause()  # the copy queued again stays queued
+    with pytest.raises(ClientError, match="non-numeric"):
+        run_blocking(store.incr(client, wire, 1))  # type: ignore[arg-type]
+    if when == "while it waits":
+        assert len(store.behind) == 1  # the copy, queued again under the increment's stamp
+        other_writes()
+        store.behind.resume()
+    assert store.flush(LANDING_WAIT)
+    assert tier(other).flush(LANDING_WAIT)
+    server.restart()  # same port, empty
+    for reader, process in ((cache, 0), (other, 1)):
+        assert log.get(reader, process, "t") in ("other text", None)
+    assert log.stale_reads() == []
+
+
+def test_a_refused_increment_leaves_the_key_s_value_on_disk(
+    server: MemcachedServer, directory: str
+) -> None:
+    # The same without another write: the copy answers again once memcached lost the key.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store = tier(cache)
+    _text_set(log, cache, 0, "t", "text")
+    assert store.flush(LANDING_WAIT)
+    with pytest.raises(TypeError):
+        cache.incr("t")
+    assert store.flush(LANDING_WAIT)
+    server.restart()
+    assert log.get(other, 1, "t") == "text"
     assert log.stale_reads() == []

@@ -88,7 +88,8 @@ DOCUMENTED = {
     # answers the last of them, as Django's own memcached backends do.
     "get-many-collapses-colliding-keys": "configuration.md#behaviour-of-the-cache-operations",
     # disk-tier.md "The guarantees, plainly": an incr/decr memcached refused (the value
-    # not a number) leaves no disk copy under its stamp: a miss once memcached loses the key.
+    # not a number) hides a disk copy that had not landed yet: a miss once memcached loses
+    # the key.
     "refused-incr-drops-disk-copy": "disk-tier.md#the-guarantees-plainly",
 }
 

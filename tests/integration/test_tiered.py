@@ -1434,3 +1434,29 @@ def test_an_incr_memcached_refuses_on_digits_raises_its_refusal_not_a_miss(
     with pytest.raises(TypeError):  # NonIntegerValueError, as with the tier off
         incr()
     assert cache.get("big") == "18446744073709551616"
+
+
+@pytest.mark.parametrize(
+    ("api", "protocol"), [("sync", "meta"), ("async", "meta"), ("sync", "classic")]
+)
+def test_an_incr_memcached_refuses_on_text_keeps_the_key_s_disk_copy(
+    server: MemcachedServer, disk_directory: str, api: str, protocol: str
+) -> None:
+    """The refused increment stamped the key before it asked, which hid the disk copy;
+    memcached kept its value, so the copy answers again: after memcached restarts empty,
+    the key reads its value, not a miss."""
+    cache = make_cache(server.location, disk_directory, protocol=protocol)
+    cache.set("text", "not a number")
+    landed(cache)
+
+    async def incr_async() -> int:
+        try:
+            return await cache.aincr("text")
+        finally:
+            await cache.client.aclose()
+
+    with pytest.raises(TypeError):  # NonIntegerValueError, as with the tier off
+        cache.incr("text") if api == "sync" else asyncio.run(incr_async())
+    assert on_disk(cache, "text") is not None
+    server.restart()  # same port, empty
+    assert cache.get("text") == "not a number"
