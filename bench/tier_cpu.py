@@ -76,7 +76,7 @@ def configure(location: str, directory: str) -> None:
     django.setup()
 
 
-def _thread_cpu(thread: Any) -> float:
+def thread_cpu(thread: Any) -> float:
     """Seconds of CPU the thread ``thread`` used (0 if none)."""
     if thread is None or thread.ident is None:
         return 0.0
@@ -105,7 +105,7 @@ def run_round(
             writer.interval = interval
         writer.flush(5.0)
     writer_thread = None if writer is None else writer._writer_thread
-    writer_before = _thread_cpu(writer_thread)
+    writer_before = thread_cpu(writer_thread)
     process_before = time.process_time()
     ops = int(rate * seconds)
     start = time.monotonic()
@@ -137,7 +137,7 @@ def run_round(
         writer_thread, writer_before = writer._writer_thread, 0.0
     writes = count["set"] + count["delete"]
     result = {action: cpu[action] / max(1, count[action]) * 1e6 for action in cpu}
-    result["writer/write"] = (_thread_cpu(writer_thread) - writer_before) / writes * 1e6
+    result["writer/write"] = (thread_cpu(writer_thread) - writer_before) / writes * 1e6
     result["process/op"] = process / ops * 1e6
     result["late s"] = max(0.0, time.monotonic() - start - seconds)
     return result

@@ -35,24 +35,17 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import django
 from django.conf import settings
+from tier_cpu import thread_cpu
 
 from django_fastcache.bench.workload import Workload, run_ops
 from django_fastcache.compiled import describe
 from django_fastcache.testing.servers import MemcachedServer
 
 SUBJECTS = ("fastcache", "tiered", "pylibmc")
-
-
-def _thread_cpu(thread: Any) -> float:
-    if thread is None or thread.ident is None:
-        return 0.0
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-    except (OSError, ProcessLookupError):
-        return 0.0
 
 
 def _percentile(samples: Any, fraction: float) -> float:
@@ -72,7 +65,7 @@ def worker(alias: str, index: int, ops: int, warmup: int, start_at: float, resul
         behind.flush(30)
     while time.time() < start_at:
         time.sleep(0.001)
-    writer_before = 0.0 if behind is None else _thread_cpu(behind._writer_thread)
+    writer_before = 0.0 if behind is None else thread_cpu(behind._writer_thread)
     landed_before = 0 if behind is None else behind.landed
     skipped_before = 0 if behind is None else behind.skipped
     cpu_before = time.process_time()
@@ -81,7 +74,7 @@ def worker(alias: str, index: int, ops: int, warmup: int, start_at: float, resul
     landed = skipped = 0
     if behind is not None:
         behind.flush(30)
-        writer = _thread_cpu(behind._writer_thread) - writer_before
+        writer = thread_cpu(behind._writer_thread) - writer_before
         landed = behind.landed - landed_before
         skipped = behind.skipped - skipped_before
     gets, sets = samples.samples["get"], samples.samples["set"]
