@@ -2,13 +2,13 @@
 
 A write or delete made while its node is up is acknowledged once memcached has it; its
 disk copy goes into this process's queue (a deque append, no lock, no disk) and a
-background thread lands the queue every ``interval`` seconds, in one transaction per
-disk shard (:meth:`DiskStore.land`). A write lands only while its stamp is still its slot's
-current one (:mod:`.stamps`), so a write overtaken meanwhile, from this process or another,
-is skipped; and until a write lands, the older entry of its key no longer answers (its
-stamp was replaced before the write was acknowledged). So the disk tier's lag shows as
-misses, never as old values. A queue lost with its process (killed) leaves those keys
-missing on disk; nothing older comes back.
+background thread lands the copies once they are ``min_age`` seconds old, every
+``interval`` seconds, in one transaction per disk shard (:meth:`DiskStore.land`). A write
+lands only while its stamp is still its slot's current one (:mod:`.stamps`), so a write
+overtaken meanwhile, from this process or another, is skipped; and until a write lands, the
+older entry of its key no longer answers (its stamp was replaced before the write was
+acknowledged). So the disk tier's lag shows as misses, never as old values. A queue lost
+with its process (killed) leaves those keys missing on disk; nothing older comes back.
 
 The thread is started on first need, and again in a forked child, which inherits neither
 the thread nor the parent's queue (the parent lands its own writes).
@@ -30,17 +30,21 @@ from ..handles import Handle
 from .stamps import WriteStamps
 from .store import DiskError, DiskStore, Landing, LandingError
 
-#: Seconds between group commits while writes keep coming. A commit costs about as much
-#: for one write as for a hundred (one transaction per shard), and far more when other
-#: processes commit to the same shards meanwhile (each transaction then reads again what
-#: they changed): at cachebench's pace, 8 processes on 2 vCPUs, 0.2 s cost the writer 2.3
-#: times the CPU of 1 s, and 2 s a little over half of 1 s (half the transactions, and
-#: more of a batch's writes overtaken by then, by this process or another, which are
-#: skipped without a statement). A longer lag only means more misses on disk, never older
-#: values.
-INTERVAL = 2.0
-#: Writes that land at once, without waiting out the interval: a burst lands in batches of
-#: about this many (the batch's Python work stays short, and the queue far from full).
+#: Seconds a write waits in the queue before it lands (unless a flush asks for it sooner).
+#: Most of the writer's CPU goes to the rows it lands, and a write overtaken before its
+#: landing, by a newer write of its key from any process, is skipped without a statement:
+#: at cachebench's pace (8 processes writing 1,100 keys) one write in six landed when
+#: writes landed as soon as a commit came, one in fifteen once each had waited a second,
+#: for a third of the writer's CPU. A longer lag only means more misses on disk, never
+#: older values.
+MIN_AGE = 1.0
+#: Seconds between group commits while writes keep coming: a write lands between MIN_AGE
+#: and MIN_AGE + INTERVAL after it was made. A commit costs about as much for one write as
+#: for a hundred (one transaction per shard), and more when other processes committed to
+#: the same shards meanwhile (each transaction then reads again what they changed).
+INTERVAL = 1.0
+#: Writes of one landing, at most: a burst lands in batches of this many, one after
+#: another (the batch's Python work stays short).
 BATCH: Final = 1000
 #: Writes a queue may hold; past it new ones are not queued (their keys miss on disk).
 MAX_QUEUE = 100_000
@@ -59,12 +63,14 @@ class WriteBehind:
         stamps: WriteStamps,
         *,
         interval: float = INTERVAL,
+        min_age: float = MIN_AGE,
         max_queue: int = MAX_QUEUE,
         on_failure: Callable[[DiskError, int], None] | None = None,
     ) -> None:
         self.disk = disk
         self.stamps = stamps
         self.interval = interval
+        self.min_age = min_age
         self.max_queue = max_queue
         self._on_failure = on_failure
         #: Counters of this process: writes landed, skipped (overtaken), not queued (the
@@ -83,6 +89,10 @@ class WriteBehind:
         self._queue: collections.deque[Landing | threading.Event] = collections.deque()
         self._idle = True
         self._wake = threading.Event()
+        #: flush() calls waiting: while any does, the writer lands all it finds queued,
+        #: whatever the writes' age.
+        self._flushes = 0
+        self._flushes_lock = threading.Lock()
         self._start_lock = threading.Lock()
         # Held while a batch lands, so that pause() returns only between batches.
         self._batch_lock = threading.Lock()
@@ -102,17 +112,12 @@ class WriteBehind:
     ) -> None:
         """Queue the disk copy of a write (``data`` None: a delete) stamped ``stamp``."""
         queue = self._queue
-        queued = len(queue)
-        if queued >= self.max_queue:
+        if len(queue) >= self.max_queue:
             self.dropped += 1
             return
         queue.append((key, stamp, data, flags, expire_at, written_at))
         if self._idle:
             self._notify()
-        elif queued >= BATCH and not self._wake.is_set():
-            # A burst: land it now rather than at the interval's end. At or past BATCH, not
-            # only at it: two threads' puts may both read BATCH - 1 queued.
-            self._wake.set()
 
     def _notify(self) -> None:
         self._idle = False
@@ -142,6 +147,8 @@ class WriteBehind:
         """Wait until every write queued before this call has landed (or been skipped);
         False when ``timeout`` ran out first."""
         done = threading.Event()
+        with self._flushes_lock:
+            self._flushes += 1
         self._queue.append(done)
         self._notify()
         return done.wait(timeout)
@@ -188,24 +195,60 @@ class WriteBehind:
                 self._wake.wait()
                 self._wake.clear()
                 continue
-            self._wake.clear()  # before the batch: a flush() made during it is not missed
+            self._wake.clear()  # before looking: a flush() made from now on ends the waits
+            if not self._landing_all():
+                young = self._seconds_to_age(queue)
+                if young > 0:
+                    self._wake.wait(young)
+                    continue
             with self._batch_lock:
-                if not self.paused:
-                    self._land_batch(queue)
-            # Let writes gather for a group commit, unless many already wait (a flush(),
-            # or a burst reaching BATCH, cuts the wait short).
-            if len(queue) < BATCH:
+                more = False if self.paused else self._land_batch(queue)
+            # Let writes gather for a group commit, unless more are due already (a burst's
+            # next batch) or a flush() waits.
+            if not more and not self._landing_all():
                 self._wake.wait(self.interval)
 
-    def _land_batch(self, queue: collections.deque[Landing | threading.Event]) -> None:
+    def _landing_all(self) -> bool:
+        """Whether every queued write is due, whatever its age: a flush() waits, or the
+        thread is to end."""
+        return bool(self._flushes) or self._stopping
+
+    def _seconds_to_age(self, queue: collections.deque[Landing | threading.Event]) -> float:
+        """Seconds until the oldest queued write is ``min_age`` old (0.0: due now)."""
+        head = queue[0]
+        if not isinstance(head, tuple):
+            return 0.0
+        now = time.time()
+        if head[5] > now:
+            return 0.0  # written "later" than now: the wall clock was set back; due
+        return head[5] + self.min_age - now
+
+    def _land_batch(self, queue: collections.deque[Landing | threading.Event]) -> bool:
+        """Land the writes due: all queued while a flush() waits, else up to BATCH of those
+        ``min_age`` old. True when more are due at once."""
         writes: list[Landing] = []
         waiters: list[threading.Event] = []
-        for _ in range(len(queue)):
-            item = queue.popleft()
-            if isinstance(item, tuple):
-                writes.append(item)
-            else:
-                waiters.append(item)
+        if self._landing_all():
+            for _ in range(len(queue)):
+                item = queue.popleft()
+                if isinstance(item, tuple):
+                    writes.append(item)
+                else:
+                    waiters.append(item)
+        else:
+            now = time.time()
+            due = now - self.min_age
+            while queue and len(writes) < BATCH:
+                item = queue[0]
+                if isinstance(item, tuple):
+                    # (Written "later" than now: the wall clock was set back. Due.)
+                    if due < item[5] <= now:
+                        break
+                    writes.append(item)
+                else:
+                    # A flush() queued meanwhile: every write queued before it is here.
+                    waiters.append(item)
+                queue.popleft()
         if writes:
             try:
                 landed, skipped = self.disk.land(writes, self.stamps.current)
@@ -228,6 +271,10 @@ class WriteBehind:
                 self.skipped += skipped
         for waiter in waiters:
             waiter.set()
+        if waiters:
+            with self._flushes_lock:
+                self._flushes -= len(waiters)
+        return bool(queue) and not self._landing_all() and self._seconds_to_age(queue) <= 0
 
 
 def _batch_class() -> None:

@@ -1,10 +1,9 @@
-"""The writer behind lands a burst at once, in batches, instead of waiting out its interval
-(even when two puts race past BATCH); the process's exit waits for a batch being landed,
-not only for the queue."""
+"""The writer behind lands a write once it is its minimum age old (sooner when a flush asks),
+and a burst of due writes in batches one after another, without waiting out its interval;
+the process's exit waits for a batch being landed, not only for the queue."""
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 import time
@@ -20,6 +19,8 @@ from django_fastcache.disk.store import Landing
 from django_fastcache.disk.writebehind import BATCH, WriteBehind
 
 DEADLINE = 30.0
+#: Longer than any test: a write this young never comes of age within one.
+FOREVER = 3600.0
 
 
 def wait_until(condition: Callable[[], bool]) -> bool:
@@ -30,96 +31,103 @@ def wait_until(condition: Callable[[], bool]) -> bool:
 
 
 class WatchedWake(threading.Event):
-    """The writer's wake-up event, telling which wait the writer is in: "idle" (for a
-    write) or "interval" (letting writes gather), None when in neither."""
+    """The writer's wake-up event, telling how long the writer waits in it now: None when
+    it is not waiting, ``math.inf`` when it waits for a write."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.waiting: str | None = None
+        self.waiting: float | None = None
 
     def wait(self, timeout: float | None = None) -> bool:
-        self.waiting = "idle" if timeout is None else "interval"
+        self.waiting = float("inf") if timeout is None else timeout
         try:
             return super().wait(timeout)
         finally:
             self.waiting = None
 
 
-def make_writer(tmp_path: Path) -> tuple[DiskStore, WriteStamps, WriteBehind]:
+def make_writer(
+    tmp_path: Path, min_age: float = writebehind.MIN_AGE
+) -> tuple[DiskStore, WriteStamps, WriteBehind]:
     """A store of two shards, its stamps, and a writer behind them whose interval no test
-    outlives: it lands again only when woken (a first write, a burst, a flush)."""
+    outlives: after a landing it lands again only when woken (a first write, a flush), or
+    at once when more writes are due."""
     store = DiskStore(str(tmp_path / "values"), shards=2)
     stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
-    return store, stamps, WriteBehind(store, stamps, interval=3600.0)
+    return store, stamps, WriteBehind(store, stamps, interval=FOREVER, min_age=min_age)
 
 
-def start_idle(writer: WriteBehind) -> WatchedWake:
-    """Start ``writer``'s thread with nothing queued; back once it waits, idle, with no
-    wake-up pending (a first put's own wake-up may otherwise come after the writer took
-    the write, and cut its first interval short)."""
+def put(writer: WriteBehind, stamps: WriteStamps, key: bytes, written_at: float) -> None:
+    writer.put(key, stamps.bump(key), b"v", 0, None, written_at)
+
+
+def test_a_write_waits_its_minimum_age_unless_a_flush_asks_for_it(tmp_path: Path) -> None:
+    store, stamps, writer = make_writer(tmp_path, min_age=FOREVER)
     wake = writer._wake = WatchedWake()
-    writer._notify()
-    assert wait_until(lambda: wake.waiting == "idle" and not wake.is_set())
-    return wake
-
-
-class RacingQueue(collections.deque[Any]):
-    """A queue on which the put that finds BATCH - 1 writes queued is overtaken, between its
-    len() and its append, by another thread's whole put: neither sees BATCH queued."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.other_put: Callable[[], None] | None = None
-
-    def __len__(self) -> int:
-        length = super().__len__()
-        other, self.other_put = self.other_put, None
-        if length == BATCH - 1 and other is not None:
-            other()  # the other thread's put: it reads BATCH - 1 too, and appends
-            return length  # what this put had read before it
-        self.other_put = other
-        return length
-
-
-def test_a_burst_of_a_batch_lands_before_the_interval_ends(tmp_path: Path) -> None:
-    store, stamps, writer = make_writer(tmp_path)
-    wake = start_idle(writer)
     try:
-
-        def put(key: bytes) -> None:
-            writer.put(key, stamps.bump(key), b"v", 0, None, time.time())
-
-        put(b"first")  # wakes the idle writer, which lands it, then waits the interval
-        assert wait_until(lambda: writer.landed == 1 and wake.waiting == "interval")
-        keys = [b"k%d" % n for n in range(BATCH + 1)]
-        for key in keys:
-            put(key)
-        assert wait_until(lambda: writer.landed == 1 + len(keys))
-        assert all(store.get(key) is not None for key in keys)
+        put(writer, stamps, b"young", time.time())
+        # The writer waits for the write to come of age, not for another write.
+        assert wait_until(lambda: wake.waiting is not None and wake.waiting > DEADLINE)
+        assert wake.waiting != float("inf")
+        assert (writer.landed, len(writer)) == (0, 1)
+        assert writer.flush(DEADLINE)
+        assert (writer.landed, len(writer)) == (1, 0)
+        assert store.get(b"young") is not None
     finally:
-        writer.flush()
+        writer.stop(DEADLINE)
         store.close()
 
 
-def test_a_burst_wakes_the_writer_when_two_puts_race_past_a_batch(tmp_path: Path) -> None:
-    store, stamps, writer = make_writer(tmp_path)  # only a burst lands again
-    queue = writer._queue = RacingQueue()
-    wake = start_idle(writer)
+def test_writes_of_age_land_without_a_flush_and_younger_ones_wait(tmp_path: Path) -> None:
+    store, stamps, writer = make_writer(tmp_path, min_age=FOREVER)
     try:
-
-        def put(key: bytes) -> None:
-            writer.put(key, stamps.bump(key), b"v", 0, None, time.time())
-
-        put(b"first")
-        assert wait_until(lambda: writer.landed == 1 and wake.waiting == "interval")
-        keys = [b"k%d" % n for n in range(BATCH + 100)]
-        queue.other_put = lambda: put(b"other")
-        for key in keys:
-            put(key)
-        assert queue.other_put is None  # the race was played
-        assert wait_until(lambda: writer.landed >= 1 + len(keys))
+        put(writer, stamps, b"old", time.time() - 2 * FOREVER)
+        put(writer, stamps, b"young", time.time())
+        assert wait_until(lambda: writer.landed == 1)
+        assert len(writer) == 1  # the young one, still queued
+        assert store.get(b"old") is not None
+        assert store.get(b"young") is None
     finally:
-        writer.flush()
+        writer.stop(DEADLINE)
+        store.close()
+
+
+def test_a_write_made_later_than_now_lands_at_once(tmp_path: Path) -> None:
+    # The wall clock was set back since the write was made: its age says nothing, and the
+    # queue must not wait for the clock to catch up.
+    store, stamps, writer = make_writer(tmp_path, min_age=FOREVER)
+    try:
+        put(writer, stamps, b"k", time.time() + 2 * FOREVER)
+        assert wait_until(lambda: writer.landed == 1)
+    finally:
+        writer.stop(DEADLINE)
+        store.close()
+
+
+def test_a_burst_of_due_writes_lands_in_batches_one_after_another(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    store, stamps, writer = make_writer(tmp_path)
+    batches: list[int] = []
+    land = store.land
+
+    def counted_land(writes: list[Landing], current: Callable[[bytes], int]) -> tuple[int, int]:
+        batches.append(len(writes))
+        return land(writes, current)
+
+    monkeypatch.setattr(store, "land", counted_land)
+    keys = [b"k%d" % n for n in range(2 * BATCH + 5)]
+    try:
+        writer.pause()  # all queued before the first batch is taken
+        for key in keys:
+            put(writer, stamps, key, time.time() - 10.0)
+        writer.resume()
+        # The writer does not wait out its interval between them (no test outlives it).
+        assert wait_until(lambda: writer.landed == len(keys))
+        assert batches == [BATCH, BATCH, 5]
+        assert all(store.get(key) is not None for key in keys)
+    finally:
+        writer.stop(DEADLINE)
         store.close()
 
 
