@@ -351,6 +351,18 @@ class DiskStore:
         shards = self._shards
         if not shards or self._pid != _current_pid:
             shards = self._shards_now()
+        if type(key) is bytes:
+            index = (zlib.adler32(key) & 0xFFFFFFFF) % len(shards)  # as shard_of says
+        else:
+            index = self.shard_of(key)
+        return self._cursor(shards, index)
+
+    def _cursor(self, shards: tuple[diskcache.Cache, ...], index: int) -> Any:
+        """This thread's cursor of shard ``index`` of ``shards`` (the current shards), made
+        on first use. Kept, not made per statement: a connection's ``execute`` makes a
+        cursor, which the connection tracks by a weak reference until it next sweeps them
+        (every 200 cursors); those outlive the young generations of the garbage collector,
+        and the full collections they bring on cost a worker some 15 ms each."""
         cursors: dict[int, Any]
         try:
             # (One attribute of the thread's: each costs a thread-local lookup.)
@@ -360,10 +372,6 @@ class DiskStore:
         if held is not shards:
             cursors = {}
             self._local.cursors = (shards, cursors)
-        if type(key) is bytes:
-            index = (zlib.adler32(key) & 0xFFFFFFFF) % len(shards)  # as shard_of says
-        else:
-            index = self.shard_of(key)
         cursor = cursors.get(index)
         if cursor is None:
             cursor = cursors[index] = shards[index]._con.cursor()
@@ -469,7 +477,9 @@ class DiskStore:
         failure: DiskError | None = None
         for index in sorted(by_shard):
             try:
-                done, passed = self._land_shard(shards[index], by_shard[index], current)
+                done, passed = self._land_shard(
+                    shards[index], self._cursor(shards, index), by_shard[index], current
+                )
             except LandingError as exc:
                 landed += exc.landed
                 skipped += exc.skipped
@@ -488,17 +498,18 @@ class DiskStore:
     def _land_shard(
         self,
         shard: diskcache.Cache,
+        con: Any,
         writes: list[tuple[Landing, bytes | None]],
         current: Callable[[bytes], int],
     ) -> tuple[int, int]:
-        """:meth:`land`'s writes of one shard, encoded: (landed, skipped). DiskError when
-        none landed; LandingError when those involving files failed after the rest."""
+        """:meth:`land`'s writes of one shard, encoded: (landed, skipped). ``con``: this
+        thread's cursor of the shard (:meth:`_cursor`). DiskError when none landed;
+        LandingError when those involving files failed after the rest."""
         landed = skipped = 0
         slow: list[Landing] = []  # large values, and rows that hold a file
         with self._failures("write behind"), forkgate.writing():
             # Plain statements in a plain transaction: diskcache's own, needed by its
             # calls for the rows that involve files, costs as much again.
-            con = shard._con
             self._waiting(functools.partial(_begin, con))
             try:
                 now = time.time()

@@ -6,6 +6,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,6 +113,55 @@ def test_a_batch_overtaken_before_it_lands_takes_no_shard_lock(tmp_path: Path) -
             assert landed == (0, 2)
         finally:
             other.close()
+    finally:
+        store.close()
+
+
+class _CountingConnection:
+    """A shard's SQLite connection, counting the cursors made through it."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+        self.cursors = 0
+
+    def cursor(self) -> Any:
+        self.cursors += 1
+        return self._connection.cursor()
+
+    def execute(self, *args: Any) -> Any:
+        self.cursors += 1  # (the connection makes one for the statement)
+        return self._connection.execute(*args)
+
+    def executemany(self, *args: Any) -> Any:
+        self.cursors += 1
+        return self._connection.executemany(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+
+def test_landings_make_one_cursor_per_shard_not_one_per_statement(tmp_path: Path) -> None:
+    """A connection tracks each cursor it makes by a weak reference until it next sweeps
+    them (every 200 cursors), long enough for the garbage collector to promote them: a
+    statement per cursor brought a worker full collections it had no other cause for."""
+    store = DiskStore(str(tmp_path / "values"), shards=2)
+    try:
+        store.set(b"k", b"v", 0, None)  # this thread's connections made
+        shards = store._shards_now()
+        counting = [_CountingConnection(shard._con) for shard in shards]
+        for shard, connection in zip(shards, counting):
+            shard._local.con = connection
+        values = {b"k%d" % n: 2 * n + 1 for n in range(40)}
+        stamps = dict(values)
+        for landing in range(20):
+            gone = b"gone%d" % landing
+            stamps[gone] = 7
+            writes = [(key, stamp, b"v%d" % landing, 0, None, 1.0) for key, stamp in values.items()]
+            assert store.land([*writes, (gone, 7, None, 0, None, 1.0)], stamps.__getitem__) == (
+                41,
+                0,
+            )
+        assert [connection.cursors for connection in counting] == [1, 1]
     finally:
         store.close()
 
