@@ -1,7 +1,7 @@
 """The writer behind under cachebench's eight processes: what lands, what is skipped, what
 it costs.
 
-    python bench/writer_eight.py [--procs 8] [--ops 30000] [--warmup 2000]
+    python bench/writer_eight.py [--procs 8] [--ops 100000] [--warmup 2000]
         [--subjects fastcache,tiered] [--rounds 2]
 
 ``bench/tier_cpu.py`` measures the writer behind in one process. Under cachebench, eight
@@ -17,14 +17,17 @@ waits again for its writer.
 
 Printed per subject and round, over all processes: writes made, landed and skipped; the
 writers' CPU (their threads' clocks) per write made and per write landed; the processes'
-CPU per operation (every thread); and the median over processes of each one's get and set
-median and P99 latency, µs. Subjects: ``fastcache`` (disk tier off), ``tiered`` (on),
+CPU per operation (every thread); the full collections of the garbage collector during the
+timed operations, over all processes (each holds the interpreter's lock for 10 to 25 ms of
+CPU in a Django process); and the median over processes of each one's get and set median
+and P99 latency, µs. Subjects: ``fastcache`` (disk tier off), ``tiered`` (on),
 ``pylibmc`` (Django's PyLibMCCache, when installed). Rounds run the subjects in turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import multiprocessing
 import os
 import shutil
@@ -65,11 +68,19 @@ def worker(alias: str, index: int, ops: int, warmup: int, start_at: float, resul
         behind.flush(30)
     while time.time() < start_at:
         time.sleep(0.001)
+    full_collections = [0]
+
+    def count_full(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full_collections[0] += 1
+
+    gc.callbacks.append(count_full)
     writer_before = 0.0 if behind is None else thread_cpu(behind._writer_thread)
     landed_before = 0 if behind is None else behind.landed
     skipped_before = 0 if behind is None else behind.skipped
     cpu_before = time.process_time()
     samples = run_ops(cache, Workload(procs=1, ops=ops + 1, warmup=0), seed=index)
+    gc.callbacks.remove(count_full)
     writer = 0.0
     landed = skipped = 0
     if behind is not None:
@@ -82,6 +93,7 @@ def worker(alias: str, index: int, ops: int, warmup: int, start_at: float, resul
         {
             "process_cpu": time.process_time() - cpu_before,
             "writer_cpu": writer,
+            "full_collections": full_collections[0],
             "writes": len(sets) + len(samples.samples["delete"]),
             "landed": landed,
             "skipped": skipped,
@@ -104,7 +116,8 @@ def run_subject(alias: str, procs: int, ops: int, warmup: int) -> dict[str, Any]
     found = [results.get(timeout=600) for _ in processes]
     for process in processes:
         process.join()
-    total = {key: sum(r[key] for r in found) for key in ("process_cpu", "writer_cpu", "writes")}
+    summed = ("process_cpu", "writer_cpu", "writes", "full_collections")
+    total = {key: sum(r[key] for r in found) for key in summed}
     total.update(landed=sum(r["landed"] for r in found), skipped=sum(r["skipped"] for r in found))
     for action in ("get", "set"):
         total[action] = tuple(statistics.median(r[action][i] for r in found) for i in (0, 1))
@@ -114,7 +127,7 @@ def run_subject(alias: str, procs: int, ops: int, warmup: int) -> dict[str, Any]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--procs", type=int, default=8)
-    parser.add_argument("--ops", type=int, default=30_000)
+    parser.add_argument("--ops", type=int, default=100_000)
     parser.add_argument("--warmup", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--subjects", default="fastcache,tiered")
@@ -160,7 +173,7 @@ def main() -> None:
             )
             print(
                 f"{'round':<6}{'subject':<11}{'writes':>8}{'landed':>8}{'skipped':>9}"
-                f"{'writer/write':>14}{'writer/landed':>15}{'process/op':>12}"
+                f"{'writer/write':>14}{'writer/landed':>15}{'process/op':>12}{'full GCs':>10}"
                 f"{'get med/P99':>16}{'set med/P99':>16}"
             )
             for round_number in range(1, args.rounds + 1):
@@ -173,6 +186,7 @@ def main() -> None:
                         f"{found['skipped']:>9}{found['writer_cpu'] / writes * 1e6:>14.1f}"
                         f"{per_landed:>15.1f}"
                         f"{found['process_cpu'] / (args.procs * args.ops) * 1e6:>12.1f}"
+                        f"{found['full_collections']:>10}"
                         f"{found['get'][0]:>9.1f}/{found['get'][1]:<6.0f}"
                         f"{found['set'][0]:>9.1f}/{found['set'][1]:<6.0f}",
                         flush=True,
