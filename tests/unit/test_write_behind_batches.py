@@ -4,10 +4,11 @@ the process's exit waits for a batch being landed, not only for the queue."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,26 @@ def make_writer(
     return store, stamps, WriteBehind(store, stamps, interval=FOREVER, min_age=min_age)
 
 
+@contextlib.contextmanager
+def running_writer(
+    tmp_path: Path, min_age: float = writebehind.MIN_AGE
+) -> Iterator[tuple[DiskStore, WriteStamps, WriteBehind]]:
+    """:func:`make_writer`'s writer, stopped (and its store closed) after the block."""
+    store, stamps, writer = make_writer(tmp_path, min_age)
+    try:
+        yield store, stamps, writer
+    finally:
+        writer.stop(DEADLINE)
+        store.close()
+
+
 def put(writer: WriteBehind, stamps: WriteStamps, key: bytes, written_at: float) -> None:
     writer.put(key, stamps.bump(key), b"v", 0, None, written_at)
 
 
 def test_a_write_waits_its_minimum_age_unless_a_flush_asks_for_it(tmp_path: Path) -> None:
-    store, stamps, writer = make_writer(tmp_path, min_age=FOREVER)
-    wake = writer._wake = WatchedWake()
-    try:
+    with running_writer(tmp_path, min_age=FOREVER) as (store, stamps, writer):
+        wake = writer._wake = WatchedWake()
         put(writer, stamps, b"young", time.time())
         # The writer waits for the write to come of age, not for another write.
         assert wait_until(lambda: wake.waiting is not None and wake.waiting > DEADLINE)
@@ -73,51 +86,39 @@ def test_a_write_waits_its_minimum_age_unless_a_flush_asks_for_it(tmp_path: Path
         assert writer.flush(DEADLINE)
         assert (writer.landed, len(writer)) == (1, 0)
         assert store.get(b"young") is not None
-    finally:
-        writer.stop(DEADLINE)
-        store.close()
 
 
 def test_writes_of_age_land_without_a_flush_and_younger_ones_wait(tmp_path: Path) -> None:
-    store, stamps, writer = make_writer(tmp_path, min_age=FOREVER)
-    try:
+    with running_writer(tmp_path, min_age=FOREVER) as (store, stamps, writer):
         put(writer, stamps, b"old", time.time() - 2 * FOREVER)
         put(writer, stamps, b"young", time.time())
         assert wait_until(lambda: writer.landed == 1)
         assert len(writer) == 1  # the young one, still queued
         assert store.get(b"old") is not None
         assert store.get(b"young") is None
-    finally:
-        writer.stop(DEADLINE)
-        store.close()
 
 
 def test_a_write_made_later_than_now_lands_at_once(tmp_path: Path) -> None:
     # The wall clock was set back since the write was made: its age says nothing, and the
     # queue must not wait for the clock to catch up.
-    store, stamps, writer = make_writer(tmp_path, min_age=FOREVER)
-    try:
+    with running_writer(tmp_path, min_age=FOREVER) as (_store, stamps, writer):
         put(writer, stamps, b"k", time.time() + 2 * FOREVER)
         assert wait_until(lambda: writer.landed == 1)
-    finally:
-        writer.stop(DEADLINE)
-        store.close()
 
 
 def test_a_burst_of_due_writes_lands_in_batches_one_after_another(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    store, stamps, writer = make_writer(tmp_path)
     batches: list[int] = []
-    land = store.land
-
-    def counted_land(writes: list[Landing], current: Callable[[bytes], int]) -> tuple[int, int]:
-        batches.append(len(writes))
-        return land(writes, current)
-
-    monkeypatch.setattr(store, "land", counted_land)
     keys = [b"k%d" % n for n in range(2 * BATCH + 5)]
-    try:
+    with running_writer(tmp_path) as (store, stamps, writer):
+        land = store.land
+
+        def counted_land(writes: list[Landing], current: Callable[[bytes], int]) -> tuple[int, int]:
+            batches.append(len(writes))
+            return land(writes, current)
+
+        monkeypatch.setattr(store, "land", counted_land)
         writer.pause()  # all queued before the first batch is taken
         for key in keys:
             put(writer, stamps, key, time.time() - 10.0)
@@ -126,9 +127,6 @@ def test_a_burst_of_due_writes_lands_in_batches_one_after_another(
         assert wait_until(lambda: writer.landed == len(keys))
         assert batches == [BATCH, BATCH, 5]
         assert all(store.get(key) is not None for key in keys)
-    finally:
-        writer.stop(DEADLINE)
-        store.close()
 
 
 def test_the_exit_waits_for_a_batch_being_landed(tmp_path: Path, monkeypatch: Any) -> None:
