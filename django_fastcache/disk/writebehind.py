@@ -33,10 +33,10 @@ from .store import DiskError, DiskStore, Landing, LandingError
 #: Seconds a write waits in the queue before it lands (unless a flush asks for it sooner).
 #: Most of the writer's CPU goes to the rows it lands, and a write overtaken before its
 #: landing, by a newer write of its key from any process, is skipped without a statement:
-#: at cachebench's pace (8 processes writing 1,100 keys) one write in six landed when
-#: writes landed as soon as a commit came, one in fifteen once each had waited a second,
-#: for a third of the writer's CPU. A longer lag only means more misses on disk, never
-#: older values.
+#: at cachebench's pace (8 processes writing 1,100 keys, 100,000 operations each) one
+#: write in five or six landed when writes landed at the next commit, one in about thirty
+#: once each waited a second, for half the writer's CPU. A longer lag only means more
+#: misses on disk, never older values.
 MIN_AGE = 1.0
 #: Seconds between group commits while writes keep coming: a write lands between MIN_AGE
 #: and MIN_AGE + INTERVAL after it was made. A commit costs about as much for one write as
