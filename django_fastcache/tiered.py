@@ -791,6 +791,7 @@ class TieredStore:
         flags: int,
         ttl: float | None,
         bumped: list[int] | None = None,
+        ran: _Attempts | None = None,
     ) -> tuple[bool, bool]:
         """A set of ``data`` (None: a delete) of ``key`` while ``node`` is out, as
         :meth:`_out` runs a write, but with the journal's lock held only to journal the key
@@ -801,17 +802,26 @@ class TieredStore:
         of a write behind does; the landing is made only while the stamp is current, and
         one overtaken stamps the slot gone (see :meth:`_land_now`): a miss.
 
+        ``ran``: the call's attempts on memcached, when one may have run (a set that timed
+        out). If another write stamped the key since, its value may have been counted on
+        or replaced in memcached meanwhile (an ``incr`` by another process answered on top
+        of it), which the replay deletes: the set is journaled, and the key's disk entries
+        stamped gone rather than answering the set's value (a miss).
+
         Returns ``(True, result)``, the result being a set's "stored" or a delete's "found"
         (whether get would have answered the key, read before the stamp moved);
         ``(False, False)`` when the node came back meanwhile (go to memcached again);
         ``(True, False)`` when the disk failed (the key's entries no longer answer)."""
         deleting = data is None or (ttl is not None and ttl <= 0)
+        gone: list[bool] = [deleting]
 
         def journal_and_stamp() -> tuple[int, bool]:
             found = (
                 data is not None or self._on_disk(key, self._base(key, bumped or [])) is not None
             )
-            return self.stamps.bump(key, gone=deleting), found
+            if ran is not None and ran.overtaken(self.stamps.current(key)):
+                gone[0] = True
+            return self.stamps.bump(key, gone=gone[0]), found
 
         try:
             done, stamped = self._journaled(node, [key], journal_and_stamp)
@@ -820,9 +830,9 @@ class TieredStore:
         if not done or stamped is None:
             return False, False
         stamp, result = stamped
-        expire_at = None if deleting or ttl is None else _now() + ttl
+        expire_at = None if gone[0] or ttl is None else _now() + ttl
         try:
-            self._land_now(key, stamp, None if deleting else data, flags, expire_at)
+            self._land_now(key, stamp, None if gone[0] else data, flags, expire_at)
         except DiskError as exc:
             # (StampsUnavailable too: this process cannot stamp the slot gone where the
             # others read it now, and reads nothing from disk until it can.)
@@ -848,16 +858,26 @@ class TieredStore:
         base = self._base(key, bumped)
         return self.stamps.current(key) if base is None else base
 
+    def _attempt_stamp(self, slot: int, ran: _Attempts | None) -> int:
+        """The stamp of an attempt of a write on memcached; with ``ran`` (an earlier one
+        may have run), it records whether another write stamped the slot in between."""
+        if ran is None:
+            return self.stamps.bump_slot(slot)
+        before, stamp = self.stamps.replace_slot(slot)
+        ran.followed(before)
+        return stamp
+
     def set_now(self, key: bytes, data: bytes, flags: int, ttl: float | None) -> bool:
         """:meth:`set` on the blocking client, as a plain call (the sync API's flat path;
         every argument is valid, as the backend's are)."""
         if _monotonic() >= self._files_due:  # (_follow_files, inline: the flat path)
             self._follow_files()
         node = self.cluster.node_index(key)
+        ran: _Attempts | None = None
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
                 slot = slot_of(key)
-                stamp = self.stamps.bump_slot(slot)
+                stamp = self._attempt_stamp(slot, ran)
                 now = _now()
                 try:
                     stored = self.blocking.store_now(
@@ -865,6 +885,7 @@ class TieredStore:
                     )
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
+                    ran = _Attempts.after(ran, stamp, exc)
                 else:
                     if not stored:
                         return False
@@ -879,19 +900,26 @@ class TieredStore:
                     else:
                         stamps.bump_slot(slot, gone=True)
                     return True
-            done, result = self._out_write(node, key, data, flags, ttl)
+            done, result = self._out_write(node, key, data, flags, ttl, ran=ran)
             if done:
                 return result
         return False
 
     async def set(
-        self, client: CommandSet, key: bytes, data: bytes, flags: int, ttl: float | None
+        self,
+        client: CommandSet,
+        key: bytes,
+        data: bytes,
+        flags: int,
+        ttl: float | None,
+        ran: _Attempts | None = None,
     ) -> bool:
+        """``ran``: an earlier attempt of this write that may have run (set_many's)."""
         self._follow_files()
         node = self.cluster.node_index(key)
         for _attempt in range(_MAX_RETRIES):
             if not self.states.is_out(node):
-                stamp = self.stamps.bump(key)
+                stamp = self._attempt_stamp(slot_of(key), ran)
                 now = _now()
                 try:
                     stored = await client.set(
@@ -899,11 +927,12 @@ class TieredStore:
                     )
                 except FastCacheError as exc:
                     self._memcached_failed(node, exc, read=False)
+                    ran = _Attempts.after(ran, stamp, exc)
                 else:
                     if stored:
                         self._queue(key, stamp, data, flags, ttl, now)
                     return stored
-            done, result = self._out_write(node, key, data, flags, ttl)
+            done, result = self._out_write(node, key, data, flags, ttl, ran=ran)
             if done:
                 return result
         return False
@@ -959,6 +988,7 @@ class TieredStore:
         self._follow_files()
         up = [t for t in triples if not self.states.is_out(self.cluster.node_index(t[0]))]
         settle: set[bytes] = {key for key, _data, _flags in triples} - {k for k, _d, _f in up}
+        sent: dict[bytes, int] = {}
         if up:
             stamps = [self.stamps.bump(key) for key, _data, _flags in up]
             now = _now()
@@ -968,14 +998,19 @@ class TieredStore:
             for (key, data, flags), stamp in zip(up, stamps):
                 if key in refused:
                     settle.add(key)
+                    # (Its node may have failed after running it: the stamp it went under.)
+                    sent[key] = stamp
                 else:
                     self._queue(key, stamp, data, flags, ttl, now)
         failed: list[bytes] = []
         for key, data, flags in triples:
             if key not in settle:
                 continue
+            went = sent.get(key)
             try:
-                stored = await self.set(client, key, data, flags, ttl)
+                stored = await self.set(
+                    client, key, data, flags, ttl, None if went is None else _Attempts(went)
+                )
             except CommandError:
                 # memcached refused it again (too large, out of memory): it failed, as
                 # set_many reports a failure (the caller removes the key from both tiers).
@@ -2049,6 +2084,37 @@ async def _pause(client: CommandSet, seconds: float) -> None:
         time.sleep(seconds)  # noqa: ASYNC251 - run by the sync bridge, never on a loop
     else:
         await asyncio.sleep(seconds)
+
+
+class _Attempts:
+    """A write's attempts on memcached from the first that may have run (one that timed
+    out, say): the stamp of the latest, and whether another write stamped the key's slot
+    between two of them."""
+
+    __slots__ = ("foreign", "latest")
+
+    def __init__(self, latest: int) -> None:
+        self.latest = latest
+        self.foreign = False
+
+    @staticmethod
+    def after(ran: _Attempts | None, stamp: int, error: BaseException) -> _Attempts | None:
+        """``ran`` once the attempt stamped ``stamp`` failed with ``error`` (None while no
+        attempt may have run)."""
+        if ran is not None:
+            ran.latest = stamp
+            return ran
+        return _Attempts(stamp) if _may_have_run(error) else None
+
+    def followed(self, before: int) -> None:
+        """The next attempt stamped the slot over ``before``."""
+        if before != self.latest:
+            self.foreign = True
+
+    def overtaken(self, current: int) -> bool:
+        """Whether another write stamped the slot since the first attempt that may have
+        run, the slot's stamp being ``current``."""
+        return self.foreign or current != self.latest
 
 
 class _WentOutBeforeSending(Exception):

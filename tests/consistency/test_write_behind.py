@@ -1448,6 +1448,61 @@ def test_a_timed_out_incr_read_before_its_node_was_marked_out_is_not_counted_aga
     assert log.stale_reads() == []
 
 
+class _StoredThenTimedOut:
+    """Stands in for a tier's blocking client whose flat-path store (``store_now``) reaches
+    memcached and takes effect, and whose reply never comes back in time; ``meanwhile``
+    runs before the timeout fires."""
+
+    def __init__(self, inner: Any, meanwhile: Callable[[], None]):
+        self._inner = inner
+        self._meanwhile = meanwhile
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def store_now(self, *args: Any) -> bool:
+        self._inner.store_now(*args)
+        self._meanwhile()
+        raise OperationTimeoutError("timed out: the node hung")
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_timed_out_set_another_process_counted_on_is_not_answered_after_it(
+    server: MemcachedServer, directory: str, path: str
+) -> None:
+    # Found by a probe: a set memcached ran but whose reply timed out, and another
+    # process's incr counted on its value before the node was marked out. The set, made on
+    # disk as it was sent, then answered every read: the count before the incr's, which
+    # its caller had been told.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    log.set(cache, 0, "n", 1)
+    assert tier(cache).flush(LANDING_WAIT)
+    counted: list[int | None] = []
+
+    def counted_on_top() -> None:
+        counted.append(log.incr(cache, 0, "n"))  # memcached holds the timed-out set's 5
+
+    store = tier(other)
+    start = time.monotonic_ns()
+    if path == "async":
+        hung = _AppliedThenTimedOut(store.blocking, "set", counted_on_top)
+        data, flags = other._serializer.dumps(5)
+        assert run_blocking(store.set(hung, other.wire_key("n"), data, flags, None))
+    else:
+        store.blocking = _StoredThenTimedOut(real := store.blocking, counted_on_top)
+        try:
+            other.set("n", 5, timeout=None)
+        finally:
+            store.blocking = real
+    log.record(Op(1, SET, "n", 5, start, time.monotonic_ns(), True))
+    assert counted == [6]
+    assert store.metrics.nodes_marked_out == 1
+    assert store.metrics.journaled == 1
+    assert log.get(cache, 0, "n") in (6, None)  # not 5: the incr counted on it
+    assert log.stale_reads() == []
+
+
 def test_a_timed_out_incr_the_disk_can_count_alike_is_counted_on_disk(
     server: MemcachedServer, directory: str
 ) -> None:
