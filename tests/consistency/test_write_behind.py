@@ -1448,24 +1448,6 @@ def test_a_timed_out_incr_read_before_its_node_was_marked_out_is_not_counted_aga
     assert log.stale_reads() == []
 
 
-class _StoredThenTimedOut:
-    """Stands in for a tier's blocking client whose flat-path store (``store_now``) reaches
-    memcached and takes effect, and whose reply never comes back in time; ``meanwhile``
-    runs before the timeout fires."""
-
-    def __init__(self, inner: Any, meanwhile: Callable[[], None]):
-        self._inner = inner
-        self._meanwhile = meanwhile
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def store_now(self, *args: Any) -> bool:
-        self._inner.store_now(*args)
-        self._meanwhile()
-        raise OperationTimeoutError("timed out: the node hung")
-
-
 @pytest.mark.parametrize("path", ["sync", "async"])
 def test_a_timed_out_set_another_process_counted_on_is_not_answered_after_it(
     server: MemcachedServer, directory: str, path: str
@@ -1490,7 +1472,14 @@ def test_a_timed_out_set_another_process_counted_on_is_not_answered_after_it(
         data, flags = other._serializer.dumps(5)
         assert run_blocking(store.set(hung, other.wire_key("n"), data, flags, None))
     else:
-        store.blocking = _StoredThenTimedOut(real := store.blocking, counted_on_top)
+        real = store.blocking
+
+        def stored_then_timed_out(*args: Any) -> bool:
+            real.store_now(*args)  # memcached takes it; the reply never comes in time
+            counted_on_top()
+            raise OperationTimeoutError("timed out: the node hung")
+
+        store.blocking = twin(real, store_now=stored_then_timed_out)
         try:
             other.set("n", 5, timeout=None)
         finally:
