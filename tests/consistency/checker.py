@@ -71,7 +71,13 @@ interval (a miss, when it took over a value memcached had lost with its disk cop
 
 A successful ``incr`` returning ``n`` also *read* ``n - 1``: it is checked as a read of the
 value ``n - 1`` over its own interval, so an increment applied to an overwritten value is
-caught too.
+caught too. It also orders what real time may not: it took effect after the write of
+``n - 1`` it counted on. So a read of ``v`` (source ``W``) is also **stale** iff an ``incr``
+that returned ``v + 1`` was acknowledged before the read began, ``W`` is the only write of
+``v``, and no failed increments explain ``v`` (below): the increment replaced ``W``'s value,
+and nothing could write ``v`` again. This is a set that timed out (acknowledged late, once
+made on disk) whose value another process counted on in memcached meanwhile; and a read of
+``v`` by a second ``incr`` is an increment counted twice.
 
 A failed ``incr`` may have taken effect, and nobody knows its count (FastCache raises
 ``OutcomeUnknownError`` for an increment memcached may have counted when its node failed,
@@ -206,6 +212,13 @@ class _Key:
         self.overtaken: dict[int, Op | None] = {}
         # Increments that failed (may have counted, count unknown), by start.
         self.failed_incr_starts = sorted(op.start for op in ops if op.kind == INCR and not op.ok)
+        # The earliest-ending acknowledged increment that counted on each value (its n - 1).
+        self.counted_on: dict[int, Op] = {}
+        for op in ops:
+            if op.kind == INCR and op.ok and op.value is not None:
+                earliest = self.counted_on.get(op.value - 1)
+                if earliest is None or op.end < earliest.end:
+                    self.counted_on[op.value - 1] = op
 
     def check_value(self, read: Op, value: int) -> Violation | None:
         candidates = self.by_value.get(value, [])
@@ -223,6 +236,14 @@ class _Key:
             overtaken = self.overtaking(source)
             if overtaken is not None and overtaken.end < read.start:
                 return Violation(STALE_VALUE, read, source=source, hidden_by=overtaken)
+        counted = self.counted_on.get(value)
+        if (
+            counted is not None
+            and counted.end < read.start
+            and len(candidates) == 1
+            and not self.counted_by_failed_increments(read, value)
+        ):
+            return Violation(STALE_VALUE, read, source=source, hidden_by=counted)
         return None
 
     def counted_by_failed_increments(self, read: Op, value: int) -> bool:

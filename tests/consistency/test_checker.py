@@ -224,6 +224,48 @@ def test_increment_of_an_overwritten_value_is_stale() -> None:
     ]) == [STALE_VALUE]  # fmt: skip
 
 
+def test_a_value_an_acknowledged_increment_counted_on_is_stale_afterwards() -> None:
+    # A set acknowledged late (it timed out and was made on disk) whose value another
+    # process counted on in memcached meanwhile: real time does not order the two, the
+    # count does.
+    assert kinds([
+        op(0, SET, 100, 0, 50),
+        op(1, INCR, 101, 10, 11),
+        op(2, GET, 100, 5, 12),  # began before the increment ended: either order
+        op(2, GET, 100, 60, 61),
+    ]) == [STALE_VALUE]  # fmt: skip
+    # The same count made twice: the second increment read 100 after the first ended.
+    assert kinds([
+        op(0, SET, 100, 0, 1),
+        op(1, INCR, 101, 2, 3),
+        op(2, INCR, 101, 4, 5),
+    ]) == [STALE_VALUE]  # fmt: skip
+
+
+def test_a_counted_on_value_written_twice_or_counted_again_by_failed_increments_may_return(
+) -> None:  # fmt: skip
+    # Values the runner never repeats; the rule holds only for a value with one write.
+    assert kinds([
+        op(0, SET, 100, 0, 1),
+        op(1, INCR, 101, 2, 3),
+        op(0, SET, 100, 4, 5),
+        op(2, GET, 100, 6, 7),
+    ]) == []  # fmt: skip
+    assert kinds([
+        op(0, SET, 100, 0, 50),
+        op(1, INCR, 101, 2, 3),
+        op(2, INCR, None, 4, 60, ok=False),  # may count at any time ...
+        op(3, SET, 99, 5, 6),  # ... on this: 100 again
+        op(4, GET, 100, 10, 11),
+    ]) == []  # fmt: skip
+    assert kinds([
+        op(0, SET, 100, 0, 50),
+        op(1, INCR, 101, 2, 3),
+        op(2, INCR, None, 4, 30, ok=False),
+        op(3, GET, 100, 10, 11),  # nothing it could count on makes 100 again
+    ]) == [STALE_VALUE]  # fmt: skip
+
+
 def test_increment_refused_after_an_acknowledged_set_is_stale() -> None:
     assert kinds([op(0, SET, 100, 0, 1), op(1, INCR, None, 2, 3)]) == [STALE_NOTHING]
 
@@ -302,6 +344,15 @@ def _brute_force(history: list[Op]) -> list[tuple[str, Op]]:
             for w in possible
         ):
             found.append((STALE_VALUE, read))
+        elif (
+            len(sources) == 1
+            and not counted
+            and any(
+                o.kind == INCR and o.ok and o.value == value + 1 and o.end < read.start
+                for o in same_key
+            )
+        ):
+            found.append((STALE_VALUE, read))  # an increment replaced the only write of it
     return found
 
 
