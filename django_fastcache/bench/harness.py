@@ -50,6 +50,8 @@ class BenchOptions:
     timeout: float | None = 3600.0  # per row, for the workers; None: no limit
     use_settings: bool = True
     quick: bool = False
+    #: A directory for each worker's log of calls (``calllog``); None: no logs.
+    call_log: Path | None = None
 
 
 @dataclass
@@ -249,6 +251,7 @@ def measure_row(
             row.name,
             on_progress=bar.update,
             timeout=options.timeout,
+            call_log=None if options.call_log is None else str(options.call_log),
         )
     except Exception as exc:
         outcome.skipped = str(exc) if isinstance(exc, runner.RowFailed) else runner.describe(exc)

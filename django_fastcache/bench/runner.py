@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, Union
 
+from django_fastcache.bench import calllog
 from django_fastcache.bench.stats import ACTIONS, BackendStats, summarize
 from django_fastcache.bench.workload import Workload, prefill_items, run_ops
 
@@ -107,8 +108,12 @@ def worker_main(
     barrier: Any,
     counter: Any,
     results: Any,
+    call_log: str | None = None,
+    name: str = "",
 ) -> None:
-    """One benchmark worker: seed = its index; samples go back as ``array('q')`` bytes."""
+    """One benchmark worker: seed = its index; samples go back as ``array('q')`` bytes.
+    ``call_log``: a directory where it also writes its log of calls (:mod:`.calllog`),
+    under the row's ``name``."""
 
     def progress(done: int) -> None:
         with counter.get_lock():
@@ -120,7 +125,12 @@ def worker_main(
         cache = build_cache(config)
         barrier.wait(BARRIER_TIMEOUT)
         released = True
-        measured = run_ops(cache, workload, seed=index, on_progress=progress)
+        calls = None if call_log is None else array("q")
+        usage = calllog.usage_now()
+        measured = run_ops(cache, workload, seed=index, on_progress=progress, calls=calls)
+        if calls is not None and call_log is not None:
+            used = calllog.usage_between(usage, calllog.usage_now())
+            calllog.write(call_log, name, index, measured.started_ns, used, calls)
         cache.close()
         packed = {action: measured.samples[action].tobytes() for action in ACTIONS}
         results.put(
@@ -203,15 +213,27 @@ def run_workers(
     *,
     on_progress: Callable[[int], None] | None = None,
     timeout: float | None = None,
+    call_log: str | None = None,
 ) -> RowMeasurement:
-    """Start ``workload.procs`` workers, wait for every one, merge their samples."""
+    """Start ``workload.procs`` workers, wait for every one, merge their samples.
+    ``call_log``: a directory for each worker's log of calls (:mod:`.calllog`)."""
     barrier = context.Barrier(workload.procs)
     counter = context.Value("q", 0)
     results = context.Queue()
     processes = [
         context.Process(
             target=worker_main,
-            args=(config, settings_module, workload, index, barrier, counter, results),
+            args=(
+                config,
+                settings_module,
+                workload,
+                index,
+                barrier,
+                counter,
+                results,
+                call_log,
+                name,
+            ),
             name=f"cachebench-{name}-{index}",
         )
         for index in range(workload.procs)

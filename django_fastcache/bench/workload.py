@@ -90,10 +90,13 @@ def run_ops(
     workload: Workload,
     seed: int,
     on_progress: Callable[[int], None] | None = None,
+    calls: array[int] | None = None,
 ) -> WorkerSamples:
     """Run ``workload.ops`` operations on ``cache`` and time each call on its own.
 
     A miss is a get that returned None, or a set or delete that returned False.
+    ``calls``: where each kept call is also logged, as three integers (its action's index
+    in ``ACTIONS``, its end and its duration, in ns), for ``--call-log``.
     """
     rng = random.Random(seed)  # the same stream as random.seed(seed) in the original
     randrange, choose = rng.randrange, rng.random
@@ -105,6 +108,7 @@ def run_ops(
     result = WorkerSamples()
     kept_get, kept_set, kept_delete = (result.samples[action] for action in ACTIONS)
     miss_get = miss_set = miss_delete = 0
+    log = None if calls is None else calls.extend
 
     result.started_ns = timer()
     for count in range(workload.ops):
@@ -117,6 +121,8 @@ def run_ops(
             end = timer()
             if count > warmup:
                 kept_get.append(end - start)
+                if log is not None:
+                    log((0, end, end - start))
                 miss_get += outcome is None
         elif choice < set_cut:
             start = timer()
@@ -124,6 +130,8 @@ def run_ops(
             end = timer()
             if count > warmup:
                 kept_set.append(end - start)
+                if log is not None:
+                    log((1, end, end - start))
                 miss_set += outcome is False
         else:
             start = timer()
@@ -131,6 +139,8 @@ def run_ops(
             end = timer()
             if count > warmup:
                 kept_delete.append(end - start)
+                if log is not None:
+                    log((2, end, end - start))
                 miss_delete += outcome is False
         if on_progress is not None and count % PROGRESS_EVERY == PROGRESS_EVERY - 1:
             on_progress(PROGRESS_EVERY)

@@ -182,3 +182,26 @@ def test_unknown_backend_is_a_command_error(tmp_path: Path) -> None:
 def test_too_few_ops_is_a_command_error(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="warmup"):
         _run("--ops", "900", "--output-dir", str(tmp_path))
+
+
+def test_call_logs_hold_each_workers_kept_calls(tmp_path: Path) -> None:
+    from django_fastcache.bench import calllog
+
+    logs = tmp_path / "calls"
+    out, _err = _run(
+        "--procs", "2", "--ops", "1500", "--backends", "locmem", "--no-plot",
+        "--output-dir", str(tmp_path), "--call-log", str(logs),
+    )  # fmt: skip
+    assert f"call logs: {logs}" in out
+    workers = calllog.read_directory(logs)["locmem"]
+    assert [log.worker for log in workers] == [0, 1]
+    document = json.loads((tmp_path / "results.json").read_text())
+    counts = document["rows"][0]["actions"]
+    for action in ("get", "set", "delete"):
+        assert sum(len(log.durations[action]) for log in workers) == counts[action]["count"]
+    assert all(log.usage["ru_utime"] + log.usage["ru_stime"] > 0 for log in workers)
+
+
+def test_call_logs_with_throughput_is_a_command_error(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="leave it out with --throughput"):
+        _run("--throughput", "--call-log", str(tmp_path), "--output-dir", str(tmp_path))

@@ -108,6 +108,14 @@ class Command(BaseCommand):
             action="store_true",
             help="ignore CACHEBENCH_BACKENDS and CACHES: use the embedded defaults only",
         )
+        parser.add_argument(
+            "--call-log",
+            type=Path,
+            metavar="DIR",
+            help="also write each worker's kept calls (action, end, duration) and its "
+            "process's CPU, context switches and page faults to DIR/<row>.<worker>.calls, "
+            "for bench/call_tails.py",
+        )
         throughput = parser.add_argument_group("throughput at a latency bound")
         throughput.add_argument(
             "--throughput",
@@ -138,9 +146,14 @@ class Command(BaseCommand):
             timeout=options["timeout"] or None,
             use_settings=not options["no_settings"],
             quick=quick,
+            call_log=options["call_log"],
         )
         try:
             if options["throughput"]:
+                if options["call_log"] is not None:
+                    raise CommandError(
+                        "--call-log logs the latency tables' calls: leave it out with --throughput"
+                    )
                 from django_fastcache.bench.throughput import ThroughputPlan
                 from django_fastcache.bench.throughput_run import run_throughput
 
@@ -161,5 +174,7 @@ class Command(BaseCommand):
                 warmup=spec.warmup if options["warmup"] is None else options["warmup"],
             )
             harness.run(bench, _Verbatim(self.stdout), _Verbatim(self.stderr))
+            if bench.call_log is not None:
+                self.stdout.write(f"call logs: {bench.call_log} (python bench/call_tails.py)")
         except (harness.OptionError, ValueError) as exc:
             raise CommandError(str(exc)) from exc

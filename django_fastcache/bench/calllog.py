@@ -1,0 +1,137 @@
+"""cachebench's call log: every kept call of one worker, with when it ended, for tail analysis.
+
+A row's P99 says how slow its slowest calls were, not when they came or what the worker
+paid meanwhile. With ``--call-log DIR`` each worker also writes ``DIR/<row>.<index>.calls``:
+one JSON header line (row, worker, when its operations started, and its process's resource
+usage over them: CPU, context switches, page faults), then the kept calls as native 64-bit
+integers, three per call: action (an index into ``ACTIONS``), end time and duration, in
+nanoseconds of ``time.perf_counter_ns``. ``bench/call_tails.py`` reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django_fastcache.bench.stats import ACTIONS
+
+#: Integers per call in a log: action index, end time, duration.
+FIELDS = 3
+SUFFIX = ".calls"
+#: The resource usage fields kept, as ``resource.getrusage`` names them.
+USAGE_FIELDS = ("ru_utime", "ru_stime", "ru_nvcsw", "ru_nivcsw", "ru_minflt", "ru_majflt")
+
+
+def usage_now() -> dict[str, float]:
+    """This process's resource usage so far (every thread), the fields :func:`write` keeps."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return {name: float(getattr(now, name)) for name in USAGE_FIELDS}
+
+
+def usage_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before[name] for name in USAGE_FIELDS}
+
+
+def path_for(directory: str | Path, row: str, index: int) -> Path:
+    return Path(directory) / f"{row}.{index}{SUFFIX}"
+
+
+def write(
+    directory: str | Path,
+    row: str,
+    index: int,
+    started_ns: int,
+    usage: dict[str, float],
+    calls: array[int],
+) -> Path:
+    """Write one worker's log (``calls``: :data:`FIELDS` integers per call); its path."""
+    if len(calls) % FIELDS:
+        raise ValueError(f"a call log holds {FIELDS} integers per call, got {len(calls)}")
+    os.makedirs(directory, exist_ok=True)
+    header = {
+        "row": row,
+        "worker": index,
+        "started_ns": started_ns,
+        "actions": list(ACTIONS),
+        "usage": usage,
+        "calls": len(calls) // FIELDS,
+    }
+    path = path_for(directory, row, index)
+    with open(path, "wb") as file:
+        file.write(json.dumps(header).encode() + b"\n")
+        file.write(calls.tobytes())
+    return path
+
+
+@dataclass
+class WorkerLog:
+    """One worker's log, as read back: its header's fields, and its calls by action."""
+
+    row: str
+    worker: int
+    started_ns: int
+    usage: dict[str, float]
+    #: Per action: each kept call's end, in seconds since the worker's operations started.
+    ends: dict[str, list[float]]
+    #: Per action: each kept call's duration, in microseconds (in the order of ``ends``).
+    durations: dict[str, list[float]]
+
+
+def read(path: str | Path) -> WorkerLog:
+    """Read one worker's log back; ValueError for a file that is not one."""
+    with open(path, "rb") as file:
+        first = file.readline()
+        body = file.read()
+    try:
+        header: dict[str, Any] = json.loads(first)
+        actions = list(header["actions"])
+        count = int(header["calls"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a cachebench call log: {exc}") from None
+    calls = array("q")
+    if len(body) != count * FIELDS * calls.itemsize:
+        raise ValueError(f"{path}: {count} calls announced, {len(body)} bytes follow")
+    calls.frombytes(body)
+    started = int(header["started_ns"])
+    ends: dict[str, list[float]] = {action: [] for action in actions}
+    durations: dict[str, list[float]] = {action: [] for action in actions}
+    for offset in range(0, len(calls), FIELDS):
+        action = actions[calls[offset]]
+        ends[action].append((calls[offset + 1] - started) / 1e9)
+        durations[action].append(calls[offset + 2] / 1e3)
+    return WorkerLog(
+        row=str(header["row"]),
+        worker=int(header["worker"]),
+        started_ns=started,
+        usage={str(k): float(v) for k, v in header["usage"].items()},
+        ends=ends,
+        durations=durations,
+    )
+
+
+def read_directory(directory: str | Path) -> dict[str, list[WorkerLog]]:
+    """Every log in ``directory``, by row, workers in order."""
+    rows: dict[str, list[WorkerLog]] = {}
+    for path in sorted(Path(directory).glob(f"*{SUFFIX}")):
+        log = read(path)
+        rows.setdefault(log.row, []).append(log)
+    for logs in rows.values():
+        logs.sort(key=lambda log: log.worker)
+    return rows
+
+
+__all__ = [
+    "FIELDS",
+    "WorkerLog",
+    "path_for",
+    "read",
+    "read_directory",
+    "usage_between",
+    "usage_now",
+    "write",
+]
