@@ -12,9 +12,9 @@ row (in the order of the logs' names):
 * the action's quantiles from the median to P99.9, its maximum, and the share of calls over
   1, 2 and 5 ms: whether a tail is wider from P90 up (every call waits a little longer) or
   only at its end (a few stalls);
-* the workers' CPU per call (user and system, every thread of the process), context
-  switches (voluntary: waits; involuntary: preemptions) and minor page faults per thousand
-  calls;
+* the workers' CPU per kept call (user and system, every thread of the process, over all
+  their operations: the warm-up's add about 1 %), context switches (voluntary: waits;
+  involuntary: preemptions) and minor page faults per thousand kept calls;
 * the share of slow calls (over ``--threshold`` µs; by default the row's own P99) by tenth
   of a second within each second since the worker started, and by whole second of the run:
   work done once a second (the disk tier's landings) shows in the first, a burst of the

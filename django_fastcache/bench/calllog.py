@@ -3,7 +3,8 @@
 A row's P99 says how slow its slowest calls were, not when they came or what the worker
 paid meanwhile. With ``--call-log DIR`` each worker also writes ``DIR/<row>.<index>.calls``:
 one JSON header line (row, worker, when its operations started, and its process's resource
-usage over them: CPU, context switches, page faults), then the kept calls as native 64-bit
+usage over them, warm-up included: CPU, context switches, page faults), then the kept calls
+as native 64-bit
 integers, three per call: action (an index into ``ACTIONS``), end time and duration, in
 nanoseconds of ``time.perf_counter_ns``. ``bench/call_tails.py`` reads them.
 """
