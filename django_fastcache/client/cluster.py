@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._mypyc import mypyc_attr
 from ..errors import ConfigurationError, InvalidArgumentError
 from .address import Address, parse_address
 from .hashing import Placement
@@ -41,9 +42,9 @@ def check_setting_types(values: dict[str, object]) -> None:
 
     Without this a wrong type passed unseen (a string where a flag belongs is true, a
     float where a count belongs counts) or failed with a message naming neither the
-    setting nor what it takes; and compiled, :class:`ClientSettings` refuses it with a
-    bare ``TypeError`` of its own. ``bool`` is not taken for a number. Values that are
-    not settings' (``placement``, ``security``) are left to their own checks."""
+    setting nor what it takes (compiled, a native class's bare ``TypeError``). ``bool``
+    is not taken for a number. Values that are not settings' (``placement``,
+    ``security``) are left to their own checks."""
     for name, value in values.items():
         if name in _SECONDS:
             if type(value) is bool or not isinstance(value, (int, float)):
@@ -55,6 +56,25 @@ def check_setting_types(values: dict[str, object]) -> None:
             raise InvalidArgumentError(f"{name} must be a bool, got {value!r}")
 
 
+#: The settings whose type __post_init__ checks (placement and security check themselves).
+_CHECKED_SETTINGS = (
+    "timeout",
+    "connect_timeout",
+    "min_connections",
+    "max_connections",
+    "idle_timeout",
+    "max_value_size",
+    "autodiscovery",
+    "autodiscovery_interval",
+    "meta",
+)
+
+
+# A Python class when compiled too: a native class checks its fields' types in its own
+# __init__, before __post_init__ runs, and refuses a wrong one with a bare TypeError naming
+# neither the setting nor what it takes (and turns a bool given for a count into an int),
+# where check_setting_types names both. Settings are read when connections are made.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class ClientSettings:
     #: Seconds one operation may take, waiting for a connection included.
@@ -84,19 +104,10 @@ class ClientSettings:
     meta: bool = True
 
     def __post_init__(self) -> None:
-        check_setting_types(
-            {
-                "timeout": self.timeout,
-                "connect_timeout": self.connect_timeout,
-                "min_connections": self.min_connections,
-                "max_connections": self.max_connections,
-                "idle_timeout": self.idle_timeout,
-                "max_value_size": self.max_value_size,
-                "autodiscovery": self.autodiscovery,
-                "autodiscovery_interval": self.autodiscovery_interval,
-                "meta": self.meta,
-            }
-        )
+        # The values as given, read from the instance's dict: compiled, reading a field
+        # checks its declared type first, and refuses a wrong one with a bare TypeError.
+        given: dict[str, object] = vars(self)
+        check_setting_types({name: given[name] for name in _CHECKED_SETTINGS})
         # (``not x > 0`` rather than ``x <= 0``: NaN is refused too.)
         if not self.timeout > 0 or not self.connect_timeout > 0:
             raise InvalidArgumentError("timeouts must be positive")

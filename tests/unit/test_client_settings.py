@@ -53,6 +53,17 @@ def test_the_client_refuses_a_wrong_setting_by_name(given: dict[str, Any], messa
     assert message in str(raised.value)
 
 
+@pytest.mark.parametrize(("given", "message"), WRONG_TYPES)
+def test_client_settings_built_directly_refuse_a_wrong_type_by_name(
+    given: dict[str, Any], message: str
+) -> None:
+    # As the client does: compiled too, where a field's declared type would otherwise
+    # refuse it first with a bare TypeError (or take a bool for a count).
+    with pytest.raises(InvalidArgumentError) as raised:
+        ClientSettings(**given)
+    assert message in str(raised.value)
+
+
 @pytest.mark.parametrize(("given", "message"), WRONG_VALUES)
 def test_client_settings_refuse_a_wrong_value(given: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
