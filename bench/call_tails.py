@@ -14,7 +14,12 @@ row (in the order of the logs' names):
   only at its end (a few stalls);
 * the workers' CPU per kept call (user and system, every thread of the process, over all
   their operations: the warm-up's add about 1 %), context switches (voluntary: waits;
-  involuntary: preemptions) and minor page faults per thousand kept calls;
+  involuntary: preemptions) and minor page faults per thousand kept calls; and, where
+  Linux keeps them (logs from before they were kept show none), the time the request thread
+  spent waiting runnable in the scheduler's run queue per kept call, with its share of the
+  thread's wall time (on a CPU or waiting for one), and the wait of all the process's
+  threads: a row whose calls wait longer for a CPU, at the same CPU per call, competes
+  harder for it;
 * the share of slow calls (over ``--threshold`` µs; by default the row's own P99) by tenth
   of a second within each second since the worker started, and by whole second of the run:
   work done once a second (the disk tier's landings) shows in the first, a burst of the
@@ -83,6 +88,13 @@ def describe_row(name: str, logs: list[WorkerLog], action: str, threshold: float
         f"{usage['ru_nivcsw'] / calls * 1000:.0f} preemptions, "
         f"{usage['ru_minflt'] / calls * 1000:.1f} minor faults"
     )
+    if usage.get("sched_run_ns"):
+        waited = usage["sched_wait_ns"]
+        lines.append(
+            f"  run queue: the request thread waited {waited / calls / 1e3:.1f} µs per call "
+            f"({100.0 * waited / (waited + usage['sched_run_ns']):.0f} % of its time on or "
+            f"waiting for a CPU); all threads {usage['sched_wait_all_ns'] / calls / 1e3:.1f} µs"
+        )
     limit = quantile(ordered, 99.0) if threshold is None else threshold
     slow = [d > limit for d in durations]
     tenths = shares(slow, [int(end % 1.0 * 10) for end in ends], 10)

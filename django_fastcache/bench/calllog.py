@@ -3,8 +3,8 @@
 A row's P99 says how slow its slowest calls were, not when they came or what the worker
 paid meanwhile. With ``--call-log DIR`` each worker also writes ``DIR/<row>.<index>.calls``:
 one JSON header line (row, worker, when its operations started, and its process's resource
-usage over them, warm-up included: CPU, context switches, page faults), then the kept calls
-as native 64-bit
+usage over them, warm-up included: CPU, context switches, page faults, and on Linux the
+time its threads waited in the scheduler's run queue), then the kept calls as native 64-bit
 integers, three per call: action (an index into ``ACTIONS``), end time and duration, in
 nanoseconds of ``time.perf_counter_ns``. ``bench/call_tails.py`` reads them.
 """
@@ -25,13 +25,38 @@ from django_fastcache.bench.stats import ACTIONS
 FIELDS = 3
 SUFFIX = ".calls"
 #: The resource usage fields kept, as ``resource.getrusage`` names them.
-USAGE_FIELDS = ("ru_utime", "ru_stime", "ru_nvcsw", "ru_nivcsw", "ru_minflt", "ru_majflt")
+RUSAGE_FIELDS = ("ru_utime", "ru_stime", "ru_nvcsw", "ru_nivcsw", "ru_minflt", "ru_majflt")
+#: From Linux's ``schedstat`` (nanoseconds; 0 elsewhere): the calling thread's time on a CPU
+#: and waiting runnable in a run queue, and the same waits summed over the process's threads
+#: (those alive when read: an ended thread's waits are gone with it).
+SCHED_FIELDS = ("sched_run_ns", "sched_wait_ns", "sched_wait_all_ns")
+USAGE_FIELDS = RUSAGE_FIELDS + SCHED_FIELDS
+
+
+def _schedstat(path: str) -> tuple[float, float]:
+    """A thread's time on a CPU and waiting in a run queue, ns; zeros where not readable."""
+    try:
+        with open(path, "rb") as file:
+            on_cpu, waiting = file.read().split()[:2]
+        return float(on_cpu), float(waiting)
+    except (OSError, ValueError):
+        return 0.0, 0.0
 
 
 def usage_now() -> dict[str, float]:
-    """This process's resource usage so far (every thread), the fields :func:`write` keeps."""
+    """This process's resource usage so far (every thread; the scheduler's run time and run
+    queue wait of the calling thread, and the wait of all), the fields :func:`write` keeps."""
     now = resource.getrusage(resource.RUSAGE_SELF)
-    return {name: float(getattr(now, name)) for name in USAGE_FIELDS}
+    usage = {name: float(getattr(now, name)) for name in RUSAGE_FIELDS}
+    usage["sched_run_ns"], usage["sched_wait_ns"] = _schedstat("/proc/thread-self/schedstat")
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        threads = []
+    usage["sched_wait_all_ns"] = sum(
+        _schedstat(f"/proc/self/task/{thread}/schedstat")[1] for thread in threads
+    )
+    return usage
 
 
 def usage_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

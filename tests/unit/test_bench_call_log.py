@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from array import array
 from pathlib import Path
 from types import ModuleType
@@ -126,6 +127,7 @@ def test_call_tails_prints_quantiles_usage_and_where_slow_calls_fall(
     assert numbers[6:] == ["0.99%", "0.99%", "0.00%"]
     assert "CPU user 20.0 µs" in out
     assert "100 preemptions" in out
+    assert "run queue" not in out  # no scheduler figures in this log
     # Every slow call in the first tenth: 10 of the 110 calls there (50 of each second's).
     tenths = out.split("by tenth of each second:")[1].splitlines()[0].split()
     assert tenths[0] == "9.09"
@@ -133,6 +135,35 @@ def test_call_tails_prints_quantiles_usage_and_where_slow_calls_fall(
     seconds = out.split("by second of the run:")[1].splitlines()[0].split()
     assert seconds[:2] == ["0.00", "1.96"]
     assert set(seconds[2:]) == {"-"}
+
+
+def test_call_tails_prints_the_run_queue_wait_per_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = array("q")
+    for n in range(100):
+        calls.extend([0, 1_000_000 * n, 100_000])
+    usage = {name: 0.0 for name in calllog.USAGE_FIELDS}
+    # 100 calls: 3 ms on a CPU, 1 ms waiting for one (25 %), 1.5 ms over all threads.
+    usage.update(sched_run_ns=3e6, sched_wait_ns=1e6, sched_wait_all_ns=1.5e6)
+    calllog.write(tmp_path, "tiered", 0, 0, usage, calls)
+    assert _call_tails().main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "the request thread waited 10.0 µs per call (25 % of" in out
+    assert "all threads 15.0 µs" in out
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="Linux schedstat")
+def test_usage_counts_the_calling_threads_time_on_a_cpu() -> None:
+    before = calllog.usage_now()
+    deadline = time.process_time() + 0.02
+    while time.process_time() < deadline:
+        pass
+    used = calllog.usage_between(before, calllog.usage_now())
+    assert set(used) == set(calllog.USAGE_FIELDS)
+    assert used["sched_run_ns"] >= 0.015e9
+    assert used["sched_wait_ns"] >= 0
+    assert used["sched_wait_all_ns"] >= 0
 
 
 def test_call_tails_refuses_a_directory_without_logs(tmp_path: Path) -> None:
