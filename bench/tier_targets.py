@@ -11,6 +11,11 @@ in turn (each row first, middle and last once in three runs), and prints each ta
 ratio per run, misses marked with ``*``, and in how many runs it held, then each run's
 medians and P99s. A row that fails (an error in any operation) stops the script.
 
+``--call-logs DIR``: each run also writes cachebench's call logs to ``DIR/run<N>``, and the
+report ends with what each row's workers paid per call in each run: CPU (every thread), and
+the time the request thread waited for a CPU (Linux). Under eight processes on two vCPUs the
+waits are most of a call's time, and a row's tail follows the CPU all the rows' calls take.
+
 TREE holds ``example_project/`` and the package: a checkout, or the compiled tree that
 ``scripts/compiled`` makes (the default: this checkout). Each run is ``python
 example_project/manage.py cachebench --backends ... --no-plot --no-progress`` from the
@@ -24,9 +29,12 @@ import os
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import paired_rows
+
+from django_fastcache.bench import calllog
 
 TIERED, FASTCACHE, MEMCACHED = "fastcache-tiered", "fastcache", "memcached"
 OUTAGE, DISKCACHE = "fastcache-outage", "diskcache"
@@ -92,12 +100,31 @@ def report(runs: list[tuple[tuple[str, ...], Figures]]) -> str:
     return "\n".join(lines)
 
 
+def load_per_call(directory: str) -> str:
+    """Per row of one run's call logs: CPU per call (every thread) and the request thread's
+    run-queue wait per call, µs."""
+    cells = []
+    for row, logs in calllog.read_directory(directory).items():
+        calls = sum(len(durations) for log in logs for durations in log.durations.values())
+        usage = {key: sum(log.usage.get(key, 0.0) for log in logs) for key in logs[0].usage}
+        cpu = (usage["ru_utime"] + usage["ru_stime"]) / calls * 1e6
+        wait = usage.get("sched_wait_ns", 0.0) / calls / 1e3
+        cells.append(f"{row} {cpu:.1f} / {wait:.1f}")
+    return ", ".join(cells)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "tree", nargs="?", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     )
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--call-logs",
+        metavar="DIR",
+        help="write each run's call logs to DIR/run<N> and report each row's CPU and "
+        "run-queue wait per call",
+    )
     argv = sys.argv[1:]
     # Everything after "--" goes to cachebench.
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -107,9 +134,18 @@ def main() -> None:
         for number in range(1, args.runs + 1):
             order = ORDERS[(number - 1) % len(ORDERS)]
             output = os.path.join(directory, str(number))
-            runs.append((order, paired_rows.run(args.tree, ",".join(order), extra, output)))
+            options = list(extra)
+            if args.call_logs:
+                options += ["--call-log", os.path.join(args.call_logs, f"run{number}")]
+            runs.append((order, paired_rows.run(args.tree, ",".join(order), options, output)))
             print(f"run {number}/{args.runs} done", file=sys.stderr)
     print(report(runs))
+    if args.call_logs:
+        print("")
+        print("CPU per call (every thread) / run-queue wait of the request thread, µs")
+        for number in range(1, args.runs + 1):
+            loads = load_per_call(os.path.join(args.call_logs, f"run{number}"))
+            print(f"run {number}: {loads}")
 
 
 if __name__ == "__main__":

@@ -33,14 +33,19 @@ class _DictCache:
         return self.data.pop(key, None) is not None
 
 
-def _call_tails() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("call_tails", ROOT / "bench" / "call_tails.py")
+def _bench_module(name: str) -> ModuleType:
+    """One of the scripts in bench/, loaded as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["call_tails"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _call_tails() -> ModuleType:
+    return _bench_module("call_tails")
 
 
 def test_the_log_holds_every_kept_call_as_its_samples_do() -> None:
@@ -151,6 +156,20 @@ def test_call_tails_prints_the_run_queue_wait_per_call(
     out = capsys.readouterr().out
     assert "the request thread waited 10.0 µs per call (25 % of" in out
     assert "all threads 15.0 µs" in out
+
+
+def test_tier_targets_reports_each_rows_cpu_and_run_queue_wait_per_call(tmp_path: Path) -> None:
+    calls = array("q", [0, 1, 2] * 200)
+    for worker, (cpu, wait) in enumerate(((0.004, 10e6), (0.006, 30e6))):
+        usage = {name: 0.0 for name in calllog.USAGE_FIELDS}
+        usage.update(ru_utime=cpu, ru_stime=0.002, sched_wait_ns=wait)
+        calllog.write(tmp_path, "tiered", worker, 0, usage, calls)
+    usage = {name: 0.0 for name in calllog.USAGE_FIELDS}
+    usage.update(ru_utime=0.001)
+    calllog.write(tmp_path, "memcached", 0, 0, usage, calls)
+    targets = _bench_module("tier_targets")
+    # 400 tiered calls: 14 ms of CPU and 40 ms of waits; 200 memcached calls, 1 ms.
+    assert targets.load_per_call(str(tmp_path)) == "memcached 5.0 / 0.0, tiered 35.0 / 100.0"
 
 
 @pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="Linux schedstat")
