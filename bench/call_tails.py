@@ -11,7 +11,9 @@ row (in the order of the logs' names):
 
 * the action's quantiles from the median to P99.9, its maximum, and the share of calls over
   1, 2 and 5 ms: whether a tail is wider from P90 up (every call waits a little longer) or
-  only at its end (a few stalls);
+  only at its end (a few stalls); and the same quantiles of the calling thread's CPU time
+  over each call (logs written before it was kept show none): what the calls cost, apart
+  from what they waited for;
 * the workers' CPU per kept call (user and system, every thread of the process, over all
   their operations: the warm-up's add about 1 %), context switches (voluntary: waits;
   involuntary: preemptions) and minor page faults per thousand kept calls; and, where
@@ -80,6 +82,13 @@ def describe_row(name: str, logs: list[WorkerLog], action: str, threshold: float
         + "  ".join(f"{quantile(ordered, q):8.1f}" for q in QUANTILES)
         + f"  {ordered[-1]:8.1f}  {over}"
     )
+    cpu = sorted(c for log in logs for c in log.cpu.get(action, []))
+    if cpu:
+        lines.append(
+            "  CPU µs "
+            + "  ".join(f"{quantile(cpu, q):8.1f}" for q in QUANTILES)
+            + f"  {cpu[-1]:8.1f}  mean {sum(cpu) / len(cpu):.1f}"
+        )
     usage = {key: sum(log.usage.get(key, 0.0) for log in logs) for key in logs[0].usage}
     lines.append(
         f"  per call (all actions, {calls:,}): CPU user {usage['ru_utime'] / calls * 1e6:.1f} µs, "

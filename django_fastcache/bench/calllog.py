@@ -5,8 +5,12 @@ paid meanwhile. With ``--call-log DIR`` each worker also writes ``DIR/<row>.<ind
 one JSON header line (row, worker, when its operations started, and its process's resource
 usage over them, warm-up included: CPU, context switches, page faults, and on Linux the
 time its threads waited in the scheduler's run queue), then the kept calls as native 64-bit
-integers, three per call: action (an index into ``ACTIONS``), end time and duration, in
-nanoseconds of ``time.perf_counter_ns``. ``bench/call_tails.py`` reads them.
+integers, four per call: action (an index into ``ACTIONS``), end time and duration, in
+nanoseconds of ``time.perf_counter_ns``, and the calling thread's CPU time over the call
+(``time.thread_time_ns``, read just outside the timed window: a log costs each operation
+two reads of that clock, about 0.3 µs each on the development machine, which the times do
+not include). ``bench/call_tails.py`` reads them. Logs written before the CPU time was kept
+(three integers per call, no ``fields`` in the header) read back without it.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from typing import Any
 
 from django_fastcache.bench.stats import ACTIONS
 
-#: Integers per call in a log: action index, end time, duration.
-FIELDS = 3
+#: Integers per call in a log: action index, end time, duration, CPU time.
+FIELDS = 4
+#: Integers per call in the logs written before the CPU time was kept.
+_FIELDS_BEFORE_CPU = 3
 SUFFIX = ".calls"
 #: The resource usage fields kept, as ``resource.getrusage`` names them.
 RUSAGE_FIELDS = ("ru_utime", "ru_stime", "ru_nvcsw", "ru_nivcsw", "ru_minflt", "ru_majflt")
@@ -85,6 +91,7 @@ def write(
         "started_ns": started_ns,
         "actions": list(ACTIONS),
         "usage": usage,
+        "fields": FIELDS,
         "calls": len(calls) // FIELDS,
     }
     path = path_for(directory, row, index)
@@ -106,6 +113,9 @@ class WorkerLog:
     ends: dict[str, list[float]]
     #: Per action: each kept call's duration, in microseconds (in the order of ``ends``).
     durations: dict[str, list[float]]
+    #: Per action: the calling thread's CPU time over each kept call, in microseconds (in
+    #: the order of ``ends``; empty in a log written before it was kept).
+    cpu: dict[str, list[float]]
 
 
 def read(path: str | Path) -> WorkerLog:
@@ -117,19 +127,25 @@ def read(path: str | Path) -> WorkerLog:
         header: dict[str, Any] = json.loads(first)
         actions = list(header["actions"])
         count = int(header["calls"])
-    except (ValueError, KeyError, TypeError) as exc:
+        fields = int(header.get("fields", _FIELDS_BEFORE_CPU))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path} is not a cachebench call log: {exc}") from None
+    if fields not in (FIELDS, _FIELDS_BEFORE_CPU):
+        raise ValueError(f"{path}: {fields} integers per call, not a call log this reads")
     calls = array("q")
-    if len(body) != count * FIELDS * calls.itemsize:
+    if len(body) != count * fields * calls.itemsize:
         raise ValueError(f"{path}: {count} calls announced, {len(body)} bytes follow")
     calls.frombytes(body)
     started = int(header["started_ns"])
     ends: dict[str, list[float]] = {action: [] for action in actions}
     durations: dict[str, list[float]] = {action: [] for action in actions}
-    for offset in range(0, len(calls), FIELDS):
+    cpu: dict[str, list[float]] = {action: [] for action in actions}
+    for offset in range(0, len(calls), fields):
         action = actions[calls[offset]]
         ends[action].append((calls[offset + 1] - started) / 1e9)
         durations[action].append(calls[offset + 2] / 1e3)
+        if fields == FIELDS:
+            cpu[action].append(calls[offset + 3] / 1e3)
     return WorkerLog(
         row=str(header["row"]),
         worker=int(header["worker"]),
@@ -137,6 +153,7 @@ def read(path: str | Path) -> WorkerLog:
         usage={str(k): float(v) for k, v in header["usage"].items()},
         ends=ends,
         durations=durations,
+        cpu=cpu,
     )
 
 

@@ -199,6 +199,7 @@ def test_call_logs_hold_each_workers_kept_calls(tmp_path: Path) -> None:
     counts = document["rows"][0]["actions"]
     for action in ("get", "set", "delete"):
         assert sum(len(log.durations[action]) for log in workers) == counts[action]["count"]
+        assert all(len(log.cpu[action]) == len(log.durations[action]) for log in workers)
     assert all(log.usage["ru_utime"] + log.usage["ru_stime"] > 0 for log in workers)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import time
 from array import array
@@ -55,12 +56,18 @@ def test_the_log_holds_every_kept_call_as_its_samples_do() -> None:
     assert len(calls) == calllog.FIELDS * workload.kept_per_worker
     logged: dict[str, list[int]] = {action: [] for action in ACTIONS}
     ends = []
+    cpu_times = []
     for offset in range(0, len(calls), calllog.FIELDS):
-        action, end, duration = calls[offset : offset + calllog.FIELDS]
+        action, end, duration, cpu = calls[offset : offset + calllog.FIELDS]
         logged[ACTIONS[action]].append(duration)
         ends.append(end)
+        cpu_times.append(cpu)
     # The same calls, in the same order, with the durations the samples hold.
     assert {action: list(measured.samples[action]) for action in ACTIONS} == logged
+    # The thread's CPU clock, read around each call: never negative, and the calls into a
+    # dict (microseconds at most) used some of it in all.
+    assert min(cpu_times) >= 0
+    assert sum(cpu_times) > 0
     assert ends == sorted(ends)
     assert measured.started_ns < ends[0]
     assert ends[-1] <= measured.finished_ns
@@ -78,9 +85,11 @@ def test_without_a_log_nothing_is_logged_and_the_samples_are_the_same() -> None:
 
 def test_a_written_log_reads_back(tmp_path: Path) -> None:
     started = 1_000_000_000
-    # get 100 µs ending at 0.5 s, set 2 ms at 1.25 s, delete 30 µs at 2 s.
-    calls = array("q", [0, started + 500_000_000, 100_000, 1, started + 1_250_000_000, 2_000_000])
-    calls.extend([2, started + 2_000_000_000, 30_000])
+    # get 100 µs ending at 0.5 s (20 µs of CPU), set 2 ms at 1.25 s (40 µs), delete 30 µs
+    # at 2 s (10 µs).
+    calls = array("q", [0, started + 500_000_000, 100_000, 20_000])
+    calls.extend([1, started + 1_250_000_000, 2_000_000, 40_000])
+    calls.extend([2, started + 2_000_000_000, 30_000, 10_000])
     usage = {name: 1.0 for name in calllog.USAGE_FIELDS}
     path = calllog.write(tmp_path, "fastcache-tiered", 3, started, usage, calls)
     assert path == tmp_path / "fastcache-tiered.3.calls"
@@ -93,14 +102,33 @@ def test_a_written_log_reads_back(tmp_path: Path) -> None:
     )
     assert log.ends == {"get": [0.5], "set": [1.25], "delete": [2.0]}
     assert log.durations == {"get": [100.0], "set": [2000.0], "delete": [30.0]}
+    assert log.cpu == {"get": [20.0], "set": [40.0], "delete": [10.0]}
     assert calllog.read_directory(tmp_path) == {"fastcache-tiered": [log]}
+
+
+def test_a_log_written_before_cpu_times_were_kept_reads_back_without_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    header = {"row": "old", "worker": 0, "started_ns": 0, "actions": list(ACTIONS)}
+    # (The resource usage such a log holds: no scheduler figures.)
+    header.update(usage={name: 0.001 for name in calllog.RUSAGE_FIELDS}, calls=2)
+    body = array("q", [0, 500_000_000, 100_000, 1, 600_000_000, 200_000]).tobytes()
+    (tmp_path / "old.0.calls").write_bytes(json.dumps(header).encode() + b"\n" + body)
+    log = calllog.read(tmp_path / "old.0.calls")
+    assert log.durations == {"get": [100.0], "set": [200.0], "delete": []}
+    assert log.cpu == {"get": [], "set": [], "delete": []}
+    assert _call_tails().main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "old: 1 get calls from 1 workers" in out
+    assert "CPU µs" not in out
+    assert "run queue" not in out
 
 
 def test_a_log_of_a_wrong_length_is_refused_on_both_sides(tmp_path: Path) -> None:
     usage = {name: 0.0 for name in calllog.USAGE_FIELDS}
-    with pytest.raises(ValueError, match="3 integers per call"):
-        calllog.write(tmp_path, "row", 0, 0, usage, array("q", [0, 1]))
-    path = calllog.write(tmp_path, "row", 0, 0, usage, array("q", [0, 1, 2]))
+    with pytest.raises(ValueError, match="4 integers per call"):
+        calllog.write(tmp_path, "row", 0, 0, usage, array("q", [0, 1, 2]))
+    path = calllog.write(tmp_path, "row", 0, 0, usage, array("q", [0, 1, 2, 3]))
     path.write_bytes(path.read_bytes()[:-1])
     with pytest.raises(ValueError, match="1 calls announced"):
         calllog.read(path)
@@ -114,12 +142,12 @@ def test_call_tails_prints_quantiles_usage_and_where_slow_calls_fall(
 ) -> None:
     started = 0
     calls = array("q")
-    # 1,000 gets of 100 µs, spread over two seconds, and ten of 3 ms, all in the first
-    # tenth of a second (of the second second).
+    # 1,000 gets of 100 µs (30 µs of CPU), spread over two seconds, and ten of 3 ms (200 µs
+    # of CPU), all in the first tenth of a second (of the second second).
     for n in range(1000):
-        calls.extend([0, 2_000_000 * n, 100_000])
+        calls.extend([0, 2_000_000 * n, 100_000, 30_000])
     for n in range(10):
-        calls.extend([0, 1_000_000_000 + 5_000_000 * n, 3_000_000])
+        calls.extend([0, 1_000_000_000 + 5_000_000 * n, 3_000_000, 200_000])
     usage = {name: 0.0 for name in calllog.USAGE_FIELDS}
     usage.update(ru_utime=0.0202, ru_nivcsw=101.0)
     calllog.write(tmp_path, "tiered", 0, started, usage, calls)
@@ -130,6 +158,11 @@ def test_call_tails_prints_quantiles_usage_and_where_slow_calls_fall(
     numbers = out.splitlines()[2].split()
     assert numbers[:6] == ["100.0", "100.0", "100.0", "100.0", "3000.0", "3000.0"]
     assert numbers[6:] == ["0.99%", "0.99%", "0.00%"]
+    # The same quantiles of the CPU times, and their mean.
+    cpu_line = out.splitlines()[3].split()
+    assert cpu_line[:2] == ["CPU", "µs"]
+    assert cpu_line[2:9] == ["30.0", "30.0", "30.0", "30.0", "200.0", "200.0", "mean"]
+    assert cpu_line[9] == "31.7"
     assert "CPU user 20.0 µs" in out
     assert "100 preemptions" in out
     assert "run queue" not in out  # no scheduler figures in this log
@@ -147,7 +180,7 @@ def test_call_tails_prints_the_run_queue_wait_per_call(
 ) -> None:
     calls = array("q")
     for n in range(100):
-        calls.extend([0, 1_000_000 * n, 100_000])
+        calls.extend([0, 1_000_000 * n, 100_000, 30_000])
     usage = {name: 0.0 for name in calllog.USAGE_FIELDS}
     # 100 calls: 3 ms on a CPU, 1 ms waiting for one (25 %), 1.5 ms over all threads.
     usage.update(sched_run_ns=3e6, sched_wait_ns=1e6, sched_wait_all_ns=1.5e6)
@@ -159,7 +192,7 @@ def test_call_tails_prints_the_run_queue_wait_per_call(
 
 
 def test_tier_targets_reports_each_rows_cpu_and_run_queue_wait_per_call(tmp_path: Path) -> None:
-    calls = array("q", [0, 1, 2] * 200)
+    calls = array("q", [0, 1, 2, 3] * 200)
     for worker, (cpu, wait) in enumerate(((0.004, 10e6), (0.006, 30e6))):
         usage = {name: 0.0 for name in calllog.USAGE_FIELDS}
         usage.update(ru_utime=cpu, ru_stime=0.002, sched_wait_ns=wait)
