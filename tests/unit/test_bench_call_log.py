@@ -135,6 +135,12 @@ def test_a_log_of_a_wrong_length_is_refused_on_both_sides(tmp_path: Path) -> Non
     path.write_bytes(b"not json\n")
     with pytest.raises(ValueError, match="not a cachebench call log"):
         calllog.read(path)
+    # A header announcing a layout this code does not know.
+    header = {"row": "row", "worker": 0, "started_ns": 0, "actions": list(ACTIONS)}
+    header.update(usage={}, calls=1, fields=5)
+    path.write_bytes(json.dumps(header).encode() + b"\n" + array("q", range(5)).tobytes())
+    with pytest.raises(ValueError, match="5 integers per call, not a call log this reads"):
+        calllog.read(path)
 
 
 def test_call_tails_prints_quantiles_usage_and_where_slow_calls_fall(
