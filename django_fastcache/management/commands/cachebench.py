@@ -112,9 +112,9 @@ class Command(BaseCommand):
             "--call-log",
             type=Path,
             metavar="DIR",
-            help="also write each worker's kept calls (action, end, duration) and its "
-            "process's CPU, context switches and page faults to DIR/<row>.<worker>.calls, "
-            "for bench/call_tails.py",
+            help="also write each worker's kept calls (action, end, duration, the thread's CPU "
+            "time over the call) and its process's CPU, context switches, page faults and "
+            "(Linux) run-queue wait to DIR/<row>.<worker>.calls, for bench/call_tails.py",
         )
         throughput = parser.add_argument_group("throughput at a latency bound")
         throughput.add_argument(
