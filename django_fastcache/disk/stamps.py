@@ -34,8 +34,9 @@ process, that names the table: a random table id, where it lives, and the boot i
 in. The table itself (8 MiB) is preferably a file in ``/dev/shm``: tmpfs pages are never
 written back, so a stamp never takes the write fault (journal handle, mtime update, at
 times over a millisecond) a store to a written-back page of a file on disk takes. Every
-:meth:`WriteStamps.bump` and :meth:`WriteStamps.current` first compares the anchor's id
-with the table's it maps (one memory read) and follows a new table before going on.
+:meth:`WriteStamps.bump` and :meth:`WriteStamps.current` first compares the anchor's id,
+and the id in the header of the table it maps, with that table's (two memory reads), and
+follows a new table before going on.
 
 * A reboot may leave the directory's files older than the values (their pages and SQLite's
   are written back independently), so an anchor from another boot (Linux's ``boot_id``)
@@ -55,9 +56,13 @@ with the table's it maps (one memory read) and follows a new table before going 
   the check of the files (:meth:`WriteStamps.replaced`: a call's, once its process's last
   check is 0.1 s old, and the maintenance thread's, every second), which moves
   the process to the directory's anchor; the first to move zeroes the id in the anchor it
-  left, so that the others still on it follow at their next call. Until the first moves,
-  a process started since stamps another table (the window of a directory deleted and
-  made again, docs/disk-tier.md).
+  left, so that the others still on it follow at their next call. Sooner: the process that
+  makes the new table *retires* the tables naming the same anchor path (in SHM_ROOT and
+  in the directory): it zeroes the id in their header, which every stamp and read compares
+  too, and removes them, so the processes on them follow at their next call. Only a table
+  removed with its directory (no usable ``/dev/shm``) cannot be retired: until the first
+  of its processes moves, a process started since stamps another table (the window of a
+  directory deleted and made again, docs/disk-tier.md).
 * Every process of the directory stamps the table the anchor names, or stamps nothing:
   one that can neither open nor make it cannot build the tier (OSError), and a running one
   that cannot follow it now (out of descriptors), or cannot open the anchor that replaced
@@ -121,6 +126,12 @@ SHM: Final = 1
 FILE: Final = 2
 #: A table's header: magic, id, length of the anchor's path (its bytes follow).
 _HEADER: Final = struct.Struct("=QQQ")
+#: The word of a table's id in its header: every stamp and read compares it with the id
+#: the process mapped, as it does the anchor's. A process that makes a table zeroes it in
+#: the other tables naming the same anchor path, which the directory's new anchor no longer
+#: names: a process still on one (its anchor or whole directory removed) follows at its
+#: next stamp or read, not at its next check of the files.
+_T_ID: Final = 1
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 #: The previous format's table, in the directory itself.
 _OLD_TABLE = "stamps.state"
@@ -264,6 +275,40 @@ def _allocate(fd: int, size: int, *, strict: bool) -> None:
         os.ftruncate(fd, size)
 
 
+def _retire(path: str) -> None:
+    """Zero the id in the header of the table at ``path`` and remove it (no anchor names
+    it any more): a process still stamping it then finds its table's id changed at its next
+    stamp or read, and follows the anchor at its path. Errors leave the table as it is."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if _is_ours(fd, _SIZE):
+                os.pwrite(fd, bytes(_WORD), _T_ID * _WORD)
+        finally:
+            os.close(fd)
+        os.unlink(path)
+
+
+def _retire_tables_of(directory: str, anchor: str, keep: str) -> None:
+    """:func:`_retire` the tables in ``directory`` (but ``keep``) whose header names the
+    anchor at path ``anchor``, which names another table now. Called by the process that
+    made that table, under the anchor's lock."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.path == keep or not entry.name.endswith((".stamps", ".table")):
+            continue
+        try:
+            found = table_anchor(entry.path)
+        except OSError:
+            continue
+        if found is not None and found[0] != 0 and found[1] == anchor:
+            logger.debug("write stamps: %s retired (its anchor was replaced)", entry.path)
+            _retire(entry.path)
+
+
 def _create_table(path: str, ident: int, anchor: str, *, strict: bool) -> mmap.mmap:
     """A new zeroed table at ``path`` (OSError when it cannot be made; nothing is left)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -387,7 +432,9 @@ class WriteStamps:
     def bump_slot(self, slot: int, gone: bool = False) -> int:
         """:meth:`bump` of the slot :func:`slot_of` gave (a word's index in the table, its
         header's words counted: no other number may be passed)."""
-        if self._anchor[_A_ID] != self._id and not self._follow():
+        if (
+            self._anchor[_A_ID] != self._id or self._words[_T_ID] != self._id
+        ) and not self._follow():
             raise self._unavailable()
         stamp = _random_bits(STAMP_BITS)
         stamp = (stamp & ~1) | 2 if gone else stamp | 1
@@ -398,7 +445,9 @@ class WriteStamps:
         """:meth:`bump_slot`, returning the stamp it replaced too: (before, new). For a
         call that reads the slot's stamp just before stamping it (a delete, which answers
         from the entry under the stamp before), with one check of the anchor for both."""
-        if self._anchor[_A_ID] != self._id and not self._follow():
+        if (
+            self._anchor[_A_ID] != self._id or self._words[_T_ID] != self._id
+        ) and not self._follow():
             raise self._unavailable()
         before: int = self._words[slot]
         stamp = _random_bits(STAMP_BITS)
@@ -408,14 +457,18 @@ class WriteStamps:
 
     def current_slot(self, slot: int) -> int:
         """:meth:`current` of the slot :func:`slot_of` gave (as for :meth:`bump_slot`)."""
-        if self._anchor[_A_ID] != self._id and not self._follow():
+        if (
+            self._anchor[_A_ID] != self._id or self._words[_T_ID] != self._id
+        ) and not self._follow():
             return 0
         stamp: int = self._words[slot]
         return stamp
 
     def reset(self) -> None:
         """Hide every disk entry (a whole-tier failure: nothing on disk may answer)."""
-        if self._anchor[_A_ID] != self._id and not self._follow():
+        if (
+            self._anchor[_A_ID] != self._id or self._words[_T_ID] != self._id
+        ) and not self._follow():
             raise self._unavailable()
         self._map[_PAGE:] = bytes(_SIZE - _PAGE)
 
@@ -427,8 +480,8 @@ class WriteStamps:
         if time.monotonic() < self._retry_at:
             return False
         with self._guard.target:
-            if self._anchor[_A_ID] == self._id:  # another thread moved first
-                return True
+            if self._anchor[_A_ID] == self._id and self._words[_T_ID] == self._id:
+                return True  # another thread moved first
             return self._move()
 
     def _unavailable(self) -> StampsUnavailable:
@@ -615,8 +668,14 @@ class WriteStamps:
         words[_A_ID] = ident
         words.release()
         if previous:
-            with contextlib.suppress(OSError):
-                os.unlink(previous)  # mapped where it is used, but named no more
+            _retire(previous)  # mapped where it is used, but named no more
+        # The tables of an anchor removed before this one was made (by a temp cleaner, or
+        # with the whole directory): the processes still on them follow now.
+        directories = [os.path.dirname(self.path)]
+        if mode == SHM or _usable_shm_directory(self.shm_root):
+            directories.append(shm_directory(self.shm_root))
+        for directory in directories:
+            _retire_tables_of(directory, name, keep=path)
         if mode == SHM:
             sweep(os.path.dirname(path), path)
         return _Opened(anchor, table, ident, mode, path)

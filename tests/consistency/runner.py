@@ -66,8 +66,8 @@ EVENT_KINDS = (KILL, STOP, RESTART)
 #: Faults of the machine, run when asked for (``run(kinds=...)``; see .faults):
 #: ``partition``, memcached behind a proxy that holds every byte for PARTITION_HOLD
 #: seconds (requests time out, their bytes still on their way), then lets them through at
-#: once; ``cleaner``, memcached hung while the journal and node-state files are removed,
-#: as an age-based temp cleaner would.
+#: once; ``cleaner``, memcached hung while the journal, node-state and write stamps anchor
+#: files are removed, as an age-based temp cleaner would.
 PARTITION, CLEANER = "partition", "cleaner"
 #: Seconds a partition holds bytes: past every call's timeout and the replay's wait.
 PARTITION_HOLD = 3.0
@@ -301,10 +301,14 @@ class _Chaos:
         return states.is_out(0)
 
     def _clean(self) -> None:
-        """Remove the journal's and the node states' files, as a temp cleaner would."""
+        """Remove the journal's and the node states' files, and the write stamps anchor, as
+        a temp cleaner would. (The first worker to find the anchor gone makes another, and a
+        table it names, retiring the one the others still stamp.)"""
         disk = os.path.dirname(self.states.directory)
         doomed = [
-            os.path.join(disk, name) for name in os.listdir(disk) if name.startswith("journal")
+            os.path.join(disk, name)
+            for name in os.listdir(disk)
+            if name.startswith("journal") or name == "stamps.anchor"
         ]
         doomed += [
             os.path.join(self.states.directory, n) for n in os.listdir(self.states.directory)

@@ -1,6 +1,7 @@
 """No read older than an acknowledged write or delete, under faults of the machine: a
 partition that leaves timed-out requests on their way, and a temp cleaner removing the
-journal and node-state files in the middle of an outage (see docs/disk-tier.md).
+journal's, the node states' and the write stamps anchor's files in the middle of an outage
+(see docs/disk-tier.md).
 
 Short by default, like test_consistency; ``FASTCACHE_SOAK_SECONDS`` makes it a soak.
 """

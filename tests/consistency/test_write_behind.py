@@ -801,10 +801,12 @@ def test_a_copy_does_not_answer_once_its_process_s_stamps_anchor_was_removed(
     server: MemcachedServer, directory: str
 ) -> None:
     # P keeps a copy of k's entry. A temp cleaner removes the anchor alone; Q, started
-    # afterwards, stamps another table and writes k, which lands; memcached loses k. P's
-    # slot in the table it still maps matches its copy, but the copy must not answer: the
-    # check of the anchor that the copies wait for (at most CHECK_INTERVAL old) finds it
-    # gone, and the read goes to the disk, whose row is Q's (another stamp): a miss.
+    # afterwards, stamps another table and writes k, which lands; memcached loses k. The
+    # copy must not answer: the check of the anchor that the copies wait for (at most
+    # CHECK_INTERVAL old) finds it gone and drops them. The read then follows the table
+    # that Q made when it retired P's, and finds Q's row under Q's stamp. (Before tables
+    # were retired, P's slot in the table it still mapped matched its copy; the read went
+    # to the disk, whose row is Q's, under a stamp of the other table: a miss.)
     log = Log()
     older = make(server.location, directory, 0)
     store = tier(older)
@@ -817,8 +819,11 @@ def test_a_copy_does_not_answer_once_its_process_s_stamps_anchor_was_removed(
         newer = make(server.location, directory, 1)
         _landed_then_lost(log, server, newer, 1, "k", 2)
         store._copies_checked_until = 0.0  # the check is due, as CHECK_INTERVAL on
-        assert log.get(older, 0, "k") is None  # not 1, from the copy
-        assert len(store.copies) == 0  # dropped with the anchor
+        assert log.get(older, 0, "k") == 2  # Q's, not 1 from the copy
+        assert store.stamps.table_path == tier(newer).stamps.table_path
+        kept = tier(newer).stamps.current(wire)
+        assert store.stamps.current(wire) == kept
+        assert store.copies.get(wire, kept) is not None  # the copy now kept is Q's entry's
     assert log.stale_reads() == []
 
 
@@ -864,17 +869,14 @@ def test_a_copy_does_not_answer_when_its_process_moves_between_the_check_and_the
     assert log.stale_reads() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the window docs/disk-tier.md describes: a removed anchor is found by the check of "
-    "the files, which a write makes only once the last is FILES_CHECK_INTERVAL old",
-)
-def test_a_write_by_a_process_whose_anchor_was_removed_may_be_lost_until_it_moves(
+def test_a_write_by_a_process_whose_anchor_was_removed_hides_the_older_copy_at_once(
     server: MemcachedServer, directory: str
 ) -> None:
     # The anchor alone removed; Q, started afterwards, makes another anchor and table and
-    # writes. P, not moved yet, stamps its own table; its copy has not landed when
-    # memcached loses the key: Q answers its own older copy.
+    # writes. P has not checked its files since (its write is within FILES_CHECK_INTERVAL of
+    # its last check), and its copy has not landed when memcached loses the key. Q retired
+    # P's table when it made its own (its id zeroed), so P's write stamps Q's table: Q's
+    # older copy misses. (Before, P stamped its own table, and Q answered 2.)
     log = Log()
     older = make(server.location, directory, 0)
     store = tier(older)
@@ -893,16 +895,15 @@ def test_a_write_by_a_process_whose_anchor_was_removed_may_be_lost_until_it_move
     assert log.stale_reads() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the window docs/disk-tier.md describes: a write checks the files only once the "
-    "last check is FILES_CHECK_INTERVAL old",
-)
-def test_a_write_by_a_process_on_a_deleted_directory_may_be_lost_until_it_moves(
+def test_a_write_by_a_process_on_a_deleted_directory_hides_the_older_copy_at_once(
     server: MemcachedServer, directory: str
 ) -> None:
     # P, not moved yet, writes to the removed files; memcached loses the write before P
-    # moves: Q answers its own older copy from the directory's files.
+    # moves. Its table in /dev/shm, named by the removed anchor's path, was retired by Q
+    # when Q made the directory's table: P's write stamps Q's table, and Q's older copy
+    # misses. (Before, P stamped its own table, and Q answered its own older copy. Without
+    # /dev/shm the table is removed with the directory, and that window stays:
+    # tests/unit/test_write_stamps.py.)
     import shutil
 
     log = Log()

@@ -77,18 +77,74 @@ def test_the_default_root_is_dev_shm(anchor: str) -> None:
         os.unlink(first.table_path)
 
 
-def test_reopen_moves_to_the_anchor_now_at_the_path(anchor: str, shm: str) -> None:
+def test_a_process_on_a_removed_anchor_follows_the_new_one_at_its_next_stamp(
+    anchor: str, shm: str
+) -> None:
     moving = WriteStamps(anchor, shm_root=shm)
+    old_table = moving.table_path
     os.unlink(anchor)  # the directory's anchor removed under the process...
     staying = WriteStamps(anchor, shm_root=shm)  # ...made again by a process started later
-    assert staying.table_path != moving.table_path
+    assert staying.table_path != old_table
+    assert not os.path.exists(old_table)  # retired by the process that made the new table
+    stamp = moving.bump(b"k")  # its table's id is zeroed: it follows first
+    assert moving.table_path == staying.table_path
+    assert staying.current(b"k") == stamp
+    assert not moving.replaced()
+    assert moving.reopen()  # on the directory's anchor already: it stays
+    assert moving.table_path == staying.table_path
+    assert staying.bump(b"j") == moving.current(b"j")
+
+
+def test_a_table_left_in_a_removed_directory_is_followed_at_the_check_of_the_files(
+    anchor: str, shm: str
+) -> None:
+    """Without /dev/shm the table is a file in the directory: removed with it, no process
+    can reach it to retire it, and a process still on it stamps it until its check of the
+    files finds the anchor replaced and moves it (reopen). The first to move marks the
+    anchor it left, and the others on it follow at their next call."""
+    _missing(shm)
+    moving, other = WriteStamps(anchor, shm_root=shm), WriteStamps(anchor, shm_root=shm)
+    assert moving.mode == FILE
+    shutil.rmtree(os.path.dirname(anchor))
+    os.mkdir(os.path.dirname(anchor))
+    staying = WriteStamps(anchor, shm_root=shm)  # a process started afterwards
     before = moving.bump(b"k")
-    assert staying.current(b"k") != before  # stamped in the table left behind: unseen
-    moving.reopen()
+    assert staying.current(b"k") != before  # stamped in the table removed: unseen
+    assert moving.replaced()
+    assert moving.reopen()
     assert moving.table_path == staying.table_path
     stamp = moving.bump(b"k")
     assert staying.current(b"k") == stamp == moving.current(b"k")
-    assert staying.bump(b"j") == moving.current(b"j")
+    assert other.current(b"k") == stamp  # followed the anchor the mover marked
+    assert other.table_path == staying.table_path
+    assert staying.bump(b"j") == moving.current(b"j") == other.current(b"j")
+
+
+def test_retiring_leaves_the_tables_of_other_anchors_and_non_tables_alone(
+    tmp_path: Path, shm: str
+) -> None:
+    def make(name: str) -> WriteStamps:
+        directory = tmp_path / name
+        directory.mkdir(exist_ok=True)
+        return WriteStamps(str(directory / "stamps.anchor"), shm_root=shm)
+
+    kept, removed = make("kept"), make("removed")
+    stamp = kept.bump(b"k")
+    not_a_table = os.path.join(shm_directory(shm), "0000000000000002.stamps")
+    Path(not_a_table).write_bytes(b"x" * 64)
+    os.unlink(tmp_path / "removed" / "stamps.anchor")
+    replacing = make("removed")
+    assert not os.path.exists(removed.table_path)
+    left = set(os.listdir(shm_directory(shm)))
+    assert left == {
+        os.path.basename(kept.table_path),
+        os.path.basename(replacing.table_path),
+        "0000000000000002.stamps",
+    }
+    assert kept.current(b"k") == stamp  # its table is untouched: nothing to follow
+    assert kept.table_path != replacing.table_path
+    assert removed.bump(b"j") == replacing.current(b"j")
+    assert replacing.table_path == removed.table_path
 
 
 def test_an_anchor_removed_under_the_processes_is_noticed_and_the_first_to_move_pulls_the_rest(
@@ -121,16 +177,15 @@ def test_a_slot_found_before_the_table_moved_stamps_and_reads_the_key_in_the_new
     assert reader.bump(b"k", gone=True) == mover.current_slot(slot)
     assert mover.bump(b"j") != mover.current_slot(slot)  # another key's slot
     os.unlink(anchor)
-    newer = WriteStamps(anchor, shm_root=shm)  # a process started afterwards
     old_table = mover.table_path
-    mover.bump_slot(slot)  # stamped in the table it maps, before it notices
-    mover.reopen()
-    assert mover.table_path == newer.table_path != old_table
+    mover.bump_slot(slot)  # stamped in the table it maps: no other is named yet
+    newer = WriteStamps(anchor, shm_root=shm)  # a process started afterwards retires it
     assert mover.current_slot(slot) == newer.current(b"k") == 0  # the new table's, unwritten
+    assert mover.table_path == newer.table_path != old_table
     written = mover.bump_slot(slot)
     assert newer.current(b"k") == written
     assert stamps.holds_value(written)
-    # The others follow the anchor the mover marked, each at its first call: a read, a write.
+    # The others follow too (their table retired), each at its first call: a read, a write.
     assert reader.current_slot(slot) == written
     deleted = writer.bump_slot(slot, gone=True)
     assert writer.table_path == newer.table_path
@@ -439,19 +494,18 @@ def test_a_sweep_removes_old_tables_no_anchor_names(
     shutil.rmtree(tmp_path / "removed")
     os.unlink(tmp_path / "replaced" / "stamps.anchor")
     replacing = make("replaced")
+    assert not os.path.exists(replaced.table_path)  # retired at once, by its maker
     junk = os.path.join(shm_directory(shm), "0000000000000001.stamps")  # no header
     Path(junk).write_bytes(b"")
     other = os.path.join(shm_directory(shm), "other")
     Path(other).write_bytes(b"")
     make("young")  # a sweep: all of them younger than SWEEP_AGE
-    assert os.path.exists(removed.table_path)
-    assert os.path.exists(replaced.table_path)
+    assert os.path.exists(removed.table_path)  # its directory was not made again
     assert os.path.exists(junk)
     monkeypatch.setattr(stamps, "SWEEP_AGE", -1.0)  # from now on every table is old enough
     last = make("last")
     left = set(os.listdir(shm_directory(shm)))
     assert os.path.basename(removed.table_path) not in left
-    assert os.path.basename(replaced.table_path) not in left
     assert os.path.basename(junk) not in left
     for kept in (live, replacing, last):
         assert os.path.basename(kept.table_path) in left
