@@ -120,6 +120,24 @@ def test_a_table_left_in_a_removed_directory_is_followed_at_the_check_of_the_fil
     assert staying.bump(b"j") == moving.current(b"j") == other.current(b"j")
 
 
+def test_an_anchor_removed_without_shared_memory_has_its_table_in_the_directory_retired(
+    anchor: str, shm: str
+) -> None:
+    _missing(shm)  # the table is a file in the directory, and stays there with the anchor gone
+    moving = WriteStamps(anchor, shm_root=shm)
+    old_table = moving.table_path
+    os.unlink(anchor)
+    staying = WriteStamps(anchor, shm_root=shm)
+    assert staying.mode == FILE
+    assert staying.table_path != old_table
+    assert not os.path.exists(old_table)
+    left = set(os.listdir(os.path.dirname(anchor)))
+    assert left == {"stamps.anchor", os.path.basename(staying.table_path)}
+    stamp = moving.bump(b"k")  # follows first
+    assert moving.table_path == staying.table_path
+    assert staying.current(b"k") == stamp
+
+
 def test_retiring_leaves_the_tables_of_other_anchors_and_non_tables_alone(
     tmp_path: Path, shm: str
 ) -> None:
