@@ -57,12 +57,15 @@ follows a new table before going on.
   check is 0.1 s old, and the maintenance thread's, every second), which moves
   the process to the directory's anchor; the first to move zeroes the id in the anchor it
   left, so that the others still on it follow at their next call. Sooner: the process that
-  makes the new table *retires* the tables naming the same anchor path (in SHM_ROOT and
-  in the directory): it zeroes the id in their header, which every stamp and read compares
-  too, and removes them, so the processes on them follow at their next call. Only a table
-  removed with its directory (no usable ``/dev/shm``) cannot be retired: until the first
-  of its processes moves, a process started since stamps another table (the window of a
-  directory deleted and made again, docs/disk-tier.md).
+  makes the new table *retires* the tables made in its mount namespace that name the same
+  anchor path (in SHM_ROOT and in the directory): it zeroes the id in their header, which
+  every stamp and read compares too, and removes them, so the processes on them follow at
+  their next call. A table it cannot retire (removed with its directory where there is no
+  usable ``/dev/shm``; made in another mount namespace, or for the directory reached by
+  another path; its maker killed between naming the new table and retiring) is left to
+  the check of the files: until the first of its processes moves, a process started since
+  stamps another table (the window of a directory deleted and made again,
+  docs/disk-tier.md).
 * Every process of the directory stamps the table the anchor names, or stamps nothing:
   one that can neither open nor make it cannot build the tier (OSError), and a running one
   that cannot follow it now (out of descriptors), or cannot open the anchor that replaced
@@ -132,6 +135,13 @@ _HEADER: Final = struct.Struct("=QQQ")
 #: names: a process still on one (its anchor or whole directory removed) follows at its
 #: next stamp or read, not at its next check of the files.
 _T_ID: Final = 1
+#: The word, last of the header page, holding the mount namespace a table was made in (the
+#: inode of ``/proc/self/ns/mnt``; 0 where unknown). A path names one directory only within
+#: one mount namespace: processes of two sites in namespaces of their own (containers,
+#: systemd's PrivateTmp) may have directories at one path and share ``/dev/shm``, so a
+#: table is retired only by a process of the namespace it was made in.
+_T_NAMESPACE: Final = _HEADER_WORDS - 1
+_NAMESPACE_AT: Final = _T_NAMESPACE * _WORD
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 #: The previous format's table, in the directory itself.
 _OLD_TABLE = "stamps.state"
@@ -210,6 +220,12 @@ def _is_ours(fd: int, size: int | None = None) -> bool:
 def table_anchor(path: str) -> tuple[int, str] | None:
     """The id and anchor path in the header of the table at ``path``; None when the file
     holds no table's header. OSError when it cannot be read or is not this user's file."""
+    found = table_header(path)
+    return None if found is None else (found[0], found[1])
+
+
+def table_header(path: str) -> tuple[int, str, int] | None:
+    """:func:`table_anchor`, and the mount namespace the table was made in (0: unknown)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not _is_ours(fd):
@@ -222,7 +238,19 @@ def table_anchor(path: str) -> tuple[int, str] | None:
     magic, ident, length = _HEADER.unpack_from(header)
     if magic != _TABLE_MAGIC or length > len(header) - _HEADER.size:
         return None
-    return ident, os.fsdecode(header[_HEADER.size : _HEADER.size + length])
+    namespace = 0
+    if len(header) == _PAGE and _HEADER.size + length <= _NAMESPACE_AT:
+        namespace = struct.unpack_from("=Q", header, _NAMESPACE_AT)[0]
+    return ident, os.fsdecode(header[_HEADER.size : _HEADER.size + length]), namespace
+
+
+def mount_namespace() -> int:
+    """This process's mount namespace (the inode of ``/proc/self/ns/mnt``); 0 where the
+    system does not say."""
+    try:
+        return os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        return 0
 
 
 def _named(ident: int, anchor: str) -> bool:
@@ -278,7 +306,8 @@ def _allocate(fd: int, size: int, *, strict: bool) -> None:
 def _retire(path: str) -> None:
     """Zero the id in the header of the table at ``path`` and remove it (no anchor names
     it any more): a process still stamping it then finds its table's id changed at its next
-    stamp or read, and follows the anchor at its path. Errors leave the table as it is."""
+    stamp or read, and follows the anchor at its path. A table that cannot be opened (not
+    this user's) is only removed; errors are ignored."""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
@@ -286,13 +315,16 @@ def _retire(path: str) -> None:
                 os.pwrite(fd, bytes(_WORD), _T_ID * _WORD)
         finally:
             os.close(fd)
-        os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.unlink(path)  # (named by no anchor now, whether or not it could be zeroed)
 
 
-def _retire_tables_of(directory: str, anchor: str, keep: str) -> None:
-    """:func:`_retire` the tables in ``directory`` (but ``keep``) whose header names the
-    anchor at path ``anchor``, which names another table now. Called by the process that
-    made that table, under the anchor's lock."""
+def _retire_tables_of(directory: str, anchor: str, keep: str, namespace: int) -> None:
+    """:func:`_retire` the tables in ``directory`` (but ``keep``) made in mount namespace
+    ``namespace`` whose header names the anchor at path ``anchor``, which names another
+    table now. Called by the process that made that table, under the anchor's lock."""
+    if not namespace:
+        return  # (tables of another namespace cannot be told apart)
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -301,10 +333,10 @@ def _retire_tables_of(directory: str, anchor: str, keep: str) -> None:
         if entry.path == keep or not entry.name.endswith((".stamps", ".table")):
             continue
         try:
-            found = table_anchor(entry.path)
+            found = table_header(entry.path)
         except OSError:
             continue
-        if found is not None and found[0] != 0 and found[1] == anchor:
+        if found is not None and found[0] != 0 and found[1:] == (anchor, namespace):
             logger.debug("write stamps: %s retired (its anchor was replaced)", entry.path)
             _retire(entry.path)
 
@@ -323,6 +355,8 @@ def _create_table(path: str, ident: int, anchor: str, *, strict: bool) -> mmap.m
         os.close(fd)
     name = os.fsencode(anchor)
     table[_HEADER.size : _HEADER.size + len(name)] = name
+    if _HEADER.size + len(name) <= _NAMESPACE_AT:
+        struct.pack_into("=Q", table, _NAMESPACE_AT, mount_namespace())
     _HEADER.pack_into(table, 0, _TABLE_MAGIC, ident, len(name))
     return table
 
@@ -670,12 +704,14 @@ class WriteStamps:
         if previous:
             _retire(previous)  # mapped where it is used, but named no more
         # The tables of an anchor removed before this one was made (by a temp cleaner, or
-        # with the whole directory): the processes still on them follow now.
+        # with the whole directory), made in this mount namespace: the processes still on
+        # them follow now.
         directories = [os.path.dirname(self.path)]
         if mode == SHM or _usable_shm_directory(self.shm_root):
             directories.append(shm_directory(self.shm_root))
+        namespace = mount_namespace()
         for directory in directories:
-            _retire_tables_of(directory, name, keep=path)
+            _retire_tables_of(directory, name, keep=path, namespace=namespace)
         if mode == SHM:
             sweep(os.path.dirname(path), path)
         return _Opened(anchor, table, ident, mode, path)

@@ -171,6 +171,7 @@ def directory(tmp_path: Path) -> Iterator[str]:
     path = tmp_path / "disk"
     yield str(path)
     forget_stacks(path)
+    forget_stacks(tmp_path / "disk-link")  # (the stacks built on it by _elsewhere)
 
 
 def _landed_then_lost(
@@ -181,6 +182,18 @@ def _landed_then_lost(
     log.set(cache, process, key, value)
     assert tier(cache).flush(LANDING_WAIT)
     server.flush()
+
+
+def _elsewhere(directory: str) -> str:
+    """The tier's directory reached by another path (a symbolic link to it). A process
+    built on that path makes its stamps table without retiring the tables made for the
+    directory's own path (it cannot tell them from another directory's): the processes on
+    them follow only at their check of the files, as they do when the table was removed with
+    its directory, or was made in another mount namespace."""
+    link = directory.rstrip(os.sep) + "-link"  # (the directory fixture forgets its stacks)
+    if not os.path.islink(link):
+        os.symlink(directory, link)
+    return link
 
 
 @contextlib.contextmanager
@@ -801,12 +814,11 @@ def test_a_copy_does_not_answer_once_its_process_s_stamps_anchor_was_removed(
     server: MemcachedServer, directory: str
 ) -> None:
     # P keeps a copy of k's entry. A temp cleaner removes the anchor alone; Q, started
-    # afterwards, stamps another table and writes k, which lands; memcached loses k. The
-    # copy must not answer: the check of the anchor that the copies wait for (at most
-    # CHECK_INTERVAL old) finds it gone and drops them. The read then follows the table
-    # that Q made when it retired P's, and finds Q's row under Q's stamp. (Before tables
-    # were retired, P's slot in the table it still mapped matched its copy; the read went
-    # to the disk, whose row is Q's, under a stamp of the other table: a miss.)
+    # afterwards (on the directory by another path: P's table is not retired), stamps
+    # another table and writes k, which lands; memcached loses k. P's slot in the table it
+    # still maps matches its copy, but the copy must not answer: the check of the anchor
+    # that the copies wait for (at most CHECK_INTERVAL old) finds it gone, and the read
+    # goes to the disk, whose row is Q's (another stamp): a miss.
     log = Log()
     older = make(server.location, directory, 0)
     store = tier(older)
@@ -816,14 +828,12 @@ def test_a_copy_does_not_answer_once_its_process_s_stamps_anchor_was_removed(
         assert log.get(older, 0, "k") == 1  # from disk, copied
         assert store.copies.get(wire, store.stamps.current(wire)) is not None
         os.unlink(store.stamps.path)
-        newer = make(server.location, directory, 1)
+        newer = make(server.location, _elsewhere(directory), 1)
         _landed_then_lost(log, server, newer, 1, "k", 2)
+        assert os.path.exists(store.stamps.table_path)  # not retired
         store._copies_checked_until = 0.0  # the check is due, as CHECK_INTERVAL on
-        assert log.get(older, 0, "k") == 2  # Q's, not 1 from the copy
-        assert store.stamps.table_path == tier(newer).stamps.table_path
-        kept = tier(newer).stamps.current(wire)
-        assert store.stamps.current(wire) == kept
-        assert store.copies.get(wire, kept) is not None  # the copy now kept is Q's entry's
+        assert log.get(older, 0, "k") is None  # not 1, from the copy
+        assert len(store.copies) == 0  # dropped with the anchor
     assert log.stale_reads() == []
 
 
@@ -858,7 +868,7 @@ def test_a_copy_does_not_answer_when_its_process_moves_between_the_check_and_the
         monkeypatch.setattr(store, "stamps", stamps)
         assert log.get(older, 0, "k") == 1  # from disk, copied
         os.unlink(stamps.path)
-        newer = make(server.location, directory, 1)
+        newer = make(server.location, _elsewhere(directory), 1)  # (P's table not retired)
         _landed_then_lost(log, server, newer, 1, "k", 2)
         calls.clear()
         armed.append(True)
@@ -891,6 +901,41 @@ def test_a_write_by_a_process_whose_anchor_was_removed_hides_the_older_copy_at_o
             server.flush()
             log.get(newer, 1, "k")  # 2: older than P's acknowledged 3
         finally:
+            store.behind.resume()
+    assert log.stale_reads() == []
+
+
+def test_a_write_in_flight_when_another_process_retires_its_table_hides_the_older_copy(
+    server: MemcachedServer, directory: str
+) -> None:
+    # P stamps k in its table; before its set reaches memcached, the anchor alone is
+    # removed, and Q, started then, makes a table (retiring P's) and writes k, which lands.
+    # P's set then reaches memcached, after Q's. P's check of its stamp after the reply
+    # follows Q's table, finds Q's stamp there, and stamps k gone before P acknowledges:
+    # once memcached loses k (P's copy not landed yet), Q's copy of 2 must not answer.
+    log = Log()
+    older = make(server.location, directory, 0)
+    store = tier(older)
+    made: list[FastCache] = []
+
+    def retired_meanwhile() -> None:
+        os.unlink(store.stamps.path)
+        made.append(make(server.location, directory, 1))
+        log.set(made[0], 1, "k", 2)
+        assert tier(made[0]).flush(LANDING_WAIT)
+
+    with _still(store):  # (P moves only by following its stamps)
+        blocking = store.blocking
+        store.blocking = calling_first(blocking, "store_now", retired_meanwhile)
+        store.behind.pause()
+        try:
+            log.set(older, 0, "k", 3)  # memcached takes it after Q's 2
+            assert store.stamps.table_path == tier(made[0]).stamps.table_path
+            server.flush()
+            assert log.get(made[0], 1, "k") in (None, 3)  # memcached's last was 3, not 2
+            assert log.get(older, 0, "k") in (None, 3)
+        finally:
+            store.blocking = blocking
             store.behind.resume()
     assert log.stale_reads() == []
 
@@ -943,9 +988,10 @@ def _made_again(
 ) -> Iterator[tuple[Log, FastCache, TieredStore, FastCache]]:
     """P (process 0), moved only by its calls' checks, runs ``before``; then ``removed``
     goes ("anchor": its stamps anchor alone; "directory": the tier's whole directory, once
-    P's writes landed) and Q (process 1), started afterwards, makes it again. Yields the
-    log, P, P's store and Q; once the block is done, P must be on Q's stamps table, and no
-    read was stale."""
+    P's writes landed) and Q (process 1), started afterwards, makes it again, on the
+    directory by another path (:func:`_elsewhere`: P's table is not retired, so only P's
+    check of the files moves it). Yields the log, P, P's store and Q; once the block is
+    done, P must be on Q's stamps table, and no read was stale."""
     import shutil
 
     log = Log()
@@ -959,7 +1005,9 @@ def _made_again(
         else:
             assert store.flush(LANDING_WAIT)  # (no writer landing while the directory goes)
             shutil.rmtree(directory)
-        newer = make(server.location, directory, 1)
+            os.mkdir(directory)  # (the link to it must lead somewhere)
+        newer = make(server.location, _elsewhere(directory), 1)
+        assert os.path.exists(store.stamps.table_path)  # not retired
         yield log, older, store, newer
         assert store.stamps.table_path == tier(newer).stamps.table_path
     assert log.stale_reads() == []

@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import signal
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,27 @@ def test_an_anchor_removed_without_shared_memory_has_its_table_in_the_directory_
     assert staying.current(b"k") == stamp
 
 
+def test_a_table_made_in_another_mount_namespace_is_not_retired(anchor: str, shm: str) -> None:
+    """A path names one directory only within one mount namespace: another site's process,
+    in a namespace of its own (a container, systemd's PrivateTmp) sharing /dev/shm, may
+    have its own directory at the same path. Its table is left alone, and it stays on it."""
+    assert stamps.mount_namespace() != 0
+    found = stamps.table_header(WriteStamps(anchor, shm_root=shm).table_path)
+    assert found is not None
+    assert found[2] == stamps.mount_namespace()
+    elsewhere = WriteStamps(anchor, shm_root=shm)
+    with open(elsewhere.table_path, "r+b") as table:  # as made in another namespace
+        table.seek(stamps._NAMESPACE_AT)
+        table.write(struct.pack("=Q", stamps.mount_namespace() + 1))
+    stamp = elsewhere.bump(b"k")
+    os.unlink(anchor)  # here, a directory made again at the same path
+    here = WriteStamps(anchor, shm_root=shm)
+    assert here.table_path != elsewhere.table_path
+    assert os.path.exists(elsewhere.table_path)
+    assert elsewhere.current(b"k") == stamp  # still on its own table
+    assert elsewhere.table_path != here.table_path
+
+
 def test_retiring_leaves_the_tables_of_other_anchors_and_non_tables_alone(
     tmp_path: Path, shm: str
 ) -> None:
@@ -148,16 +170,23 @@ def test_retiring_leaves_the_tables_of_other_anchors_and_non_tables_alone(
 
     kept, removed = make("kept"), make("removed")
     stamp = kept.bump(b"k")
-    not_a_table = os.path.join(shm_directory(shm), "0000000000000002.stamps")
-    Path(not_a_table).write_bytes(b"x" * 64)
+    tables = shm_directory(shm)
+    odd = {
+        "0000000000000002.stamps": lambda path: Path(path).write_bytes(b"x" * 64),
+        "0000000000000003.stamps": os.mkdir,
+        "0000000000000004.stamps": os.mkfifo,
+        "0000000000000005.stamps": lambda path: os.symlink(removed.table_path, path),
+    }
+    for name, put in odd.items():
+        put(os.path.join(tables, name))
     os.unlink(tmp_path / "removed" / "stamps.anchor")
     replacing = make("removed")
     assert not os.path.exists(removed.table_path)
-    left = set(os.listdir(shm_directory(shm)))
+    left = set(os.listdir(tables))
     assert left == {
         os.path.basename(kept.table_path),
         os.path.basename(replacing.table_path),
-        "0000000000000002.stamps",
+        *odd,
     }
     assert kept.current(b"k") == stamp  # its table is untouched: nothing to follow
     assert kept.table_path != replacing.table_path
