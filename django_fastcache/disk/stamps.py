@@ -303,6 +303,21 @@ def _allocate(fd: int, size: int, *, strict: bool) -> None:
         os.ftruncate(fd, size)
 
 
+#: How many times an opener takes the anchor at the path again when the one it locked was
+#: replaced meanwhile (each time another process made the directory's table: rare).
+_OPEN_ATTEMPTS = 5
+
+
+def _still_at(fd: int, path: str) -> bool:
+    """Whether the file open at ``fd`` is still the one at ``path``."""
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    opened = os.fstat(fd)
+    return (info.st_dev, info.st_ino) == (opened.st_dev, opened.st_ino)
+
+
 def _retire(path: str) -> None:
     """Zero the id in the header of the table at ``path`` and remove it (no anchor names
     it any more): a process still stamping it then finds its table's id changed at its next
@@ -610,29 +625,39 @@ class WriteStamps:
     def _open(self) -> _Opened:
         """The anchor at ``path`` and the table it names (made if need be); OSError when
         they cannot be opened or made."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            if not _is_ours(fd):
-                raise OSError(errno.EPERM, "not a regular file of this user")
-            # One process at a time reads the anchor, makes a table and writes the anchor.
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.fstat(fd).st_size < _PAGE:
-                _allocate(fd, _PAGE, strict=False)
-            anchor = mmap.mmap(fd, _PAGE, flags=_MAP_FLAGS)
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(os.path.dirname(self.path), _OLD_TABLE))
+        for _attempt in range(_OPEN_ATTEMPTS):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
-                opened = self._open_named(anchor)
-            except BaseException:
-                anchor.close()  # (at once: a failing follow is tried again and again)
-                raise
-            info = os.fstat(fd)
-            opened.identity = (info.st_dev, info.st_ino)
-            return opened
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+                if not _is_ours(fd):
+                    raise OSError(errno.EPERM, "not a regular file of this user")
+                # One process at a time reads the anchor, makes a table and writes it.
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if _still_at(fd, self.path):
+                    return self._open_locked(fd)
+            finally:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            # The anchor was removed (and perhaps made again) while this process waited for
+            # its lock: one no longer at the path names a table the others have left, and
+            # a table made for it would retire theirs. The one at the path now, then.
+        raise OSError(errno.EAGAIN, f"the anchor at {self.path} kept being replaced")
+
+    def _open_locked(self, fd: int) -> _Opened:
+        """:meth:`_open`'s work, the anchor ``fd`` open and locked."""
+        if os.fstat(fd).st_size < _PAGE:
+            _allocate(fd, _PAGE, strict=False)
+        anchor = mmap.mmap(fd, _PAGE, flags=_MAP_FLAGS)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(os.path.dirname(self.path), _OLD_TABLE))
+        try:
+            opened = self._open_named(anchor)
+        except BaseException:
+            anchor.close()  # (at once: a failing follow is tried again and again)
+            raise
+        info = os.fstat(fd)
+        opened.identity = (info.st_dev, info.st_ino)
+        return opened
 
     def _table_path(self, mode: int, ident: int) -> str:
         if mode == SHM:

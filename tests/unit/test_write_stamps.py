@@ -96,6 +96,67 @@ def test_a_process_on_a_removed_anchor_follows_the_new_one_at_its_next_stamp(
     assert staying.bump(b"j") == moving.current(b"j")
 
 
+def test_an_opener_whose_anchor_is_replaced_while_it_waits_for_the_lock_takes_the_new_one(
+    anchor: str, shm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process opening the directory while a temp cleaner removes the anchor and another
+    process makes it again locks the removed one: it names a table retired meanwhile, and
+    a table made for it would retire the one the directory's processes now use."""
+    running = WriteStamps(anchor, shm_root=shm)
+    first_table = running.table_path
+    flock = stamps.fcntl.flock
+    made: list[WriteStamps] = []
+    armed = [True]
+
+    def replaced_before_the_lock(fd: int, operation: int) -> None:
+        if operation == stamps.fcntl.LOCK_EX and armed[0]:
+            armed[0] = False
+            os.unlink(anchor)  # the cleaner...
+            made.append(WriteStamps(anchor, shm_root=shm))  # ...and a process started then
+        flock(fd, operation)
+
+    monkeypatch.setattr(stamps.fcntl, "flock", replaced_before_the_lock)
+    opener = WriteStamps(anchor, shm_root=shm)
+    monkeypatch.undo()
+    [maker] = made
+    assert maker.table_path != first_table
+    assert os.path.exists(maker.table_path)  # not retired by the opener
+    assert opener.table_path == maker.table_path
+    assert not opener.replaced()
+    stamp = maker.bump(b"k")
+    assert opener.current(b"k") == stamp
+    assert maker.table_path == opener.table_path  # the maker did not have to move
+    assert running.bump(b"j") == opener.current(b"j")  # the first follows at its next stamp
+    assert running.table_path == maker.table_path
+    assert set(os.listdir(shm_directory(shm))) == {os.path.basename(maker.table_path)}
+
+
+def test_an_anchor_replaced_at_every_attempt_is_a_clear_error_and_leaves_the_tables_alone(
+    anchor: str, shm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running = WriteStamps(anchor, shm_root=shm)
+    stamp = running.bump(b"k")
+    flock = stamps.fcntl.flock
+    swaps = [0]
+
+    def replaced_before_every_lock(fd: int, operation: int) -> None:
+        if operation == stamps.fcntl.LOCK_EX:
+            swaps[0] += 1
+            os.unlink(anchor)  # another file at the path each time
+            Path(anchor).touch(mode=0o600)
+        flock(fd, operation)
+
+    monkeypatch.setattr(stamps.fcntl, "flock", replaced_before_every_lock)
+    with pytest.raises(OSError, match="kept being replaced") as raised:
+        WriteStamps(anchor, shm_root=shm)
+    monkeypatch.undo()
+    assert raised.value.errno == errno.EAGAIN
+    assert "Fix:" in str(raised.value)
+    assert swaps[0] == stamps._OPEN_ATTEMPTS
+    assert running.current(b"k") == stamp  # its table untouched
+    assert os.listdir(shm_directory(shm)) == [os.path.basename(running.table_path)]
+
+
 def test_a_table_left_in_a_removed_directory_is_followed_at_the_check_of_the_files(
     anchor: str, shm: str
 ) -> None:
