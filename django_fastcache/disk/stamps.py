@@ -514,12 +514,18 @@ class WriteStamps:
         return stamp
 
     def reset(self) -> None:
-        """Hide every disk entry (a whole-tier failure: nothing on disk may answer)."""
-        if (
-            self._anchor[_A_ID] != self._id or self._words[_T_ID] != self._id
-        ) and not self._follow():
-            raise self._unavailable()
-        self._map[_PAGE:] = bytes(_SIZE - _PAGE)
+        """Hide every disk entry (a whole-tier failure, a clear: nothing on disk may
+        answer)."""
+        while True:
+            if (
+                self._anchor[_A_ID] != self._id or self._words[_T_ID] != self._id
+            ) and not self._follow():
+                raise self._unavailable()
+            self._map[_PAGE:] = bytes(_SIZE - _PAGE)
+            # Retired while it was zeroed: the table the others moved to holds the stamps
+            # of entries written before this call, which must not answer either.
+            if self._anchor[_A_ID] == self._id and self._words[_T_ID] == self._id:
+                return
 
     def _follow(self) -> bool:
         """The anchor names another table than the one mapped: map that one (a write

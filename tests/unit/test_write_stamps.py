@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from django_fastcache import compiled
 from django_fastcache.disk import stamps
 from django_fastcache.disk.stamps import FILE, SHM, WriteStamps, shm_directory
 
@@ -651,6 +652,36 @@ def test_reset_hides_every_stamp_for_every_process(anchor: str, shm: str) -> Non
     first.bump(b"k")
     second.reset()
     assert first.current(b"k") == 0
+
+
+@pytest.mark.skipif(
+    compiled.is_compiled("django_fastcache.disk.stamps"),
+    reason="puts a stand-in for the table's mapping, which compiled code types strictly",
+)
+def test_a_reset_during_which_the_table_is_retired_resets_the_new_one_too(
+    anchor: str, shm: str
+) -> None:
+    """A clear whose table is retired while it zeroes it: entries stamped in the table the
+    others moved to, before the clear, must not answer after it either."""
+    resetting = WriteStamps(anchor, shm_root=shm)
+    made: list[WriteStamps] = []
+
+    class RetiredWhileZeroed:
+        def __init__(self, table: Any) -> None:
+            self.table = table
+
+        def __setitem__(self, where: slice, data: bytes) -> None:
+            self.table[where] = data
+            os.unlink(anchor)  # the anchor removed, and a process started then...
+            made.append(WriteStamps(anchor, shm_root=shm))
+            made[0].bump(b"k")  # ...writes before the clear returns
+
+    resetting._map = RetiredWhileZeroed(resetting._map)
+    resetting.reset()
+    [other] = made
+    assert resetting.table_path == other.table_path
+    assert other.current(b"k") == 0
+    assert resetting.current(b"k") == 0
 
 
 def test_touch_marks_the_anchor_in_use_for_age_based_cleaners(anchor: str, shm: str) -> None:
