@@ -303,8 +303,9 @@ def _allocate(fd: int, size: int, *, strict: bool) -> None:
         os.ftruncate(fd, size)
 
 
-#: How many times an opener takes the anchor at the path again when the one it locked was
-#: replaced meanwhile (each time another process made the directory's table: rare).
+#: How many tries in all an opener makes at locking the file at the anchor's path while
+#: it is replaced under it (each time by another process making the directory's table:
+#: rare); and how many times a clear zeroes a table retired while it zeroed it.
 _OPEN_ATTEMPTS = 5
 
 
@@ -453,13 +454,17 @@ class WriteStamps:
         try:
             opened = self._open()
         except OSError as exc:
+            fix = (
+                "keep temp cleaners and deploys from removing files in the directory"
+                if exc.errno == errno.EAGAIN
+                else "free space in the directory (or /dev/shm), check that its files are "
+                "this user's and the process's descriptor limit"
+            )
             raise OSError(
                 exc.errno,
                 f"the disk tier's write stamps (anchor {path}) could not be opened or made: "
                 f"{exc.strerror or exc}; every process sharing the directory must stamp one "
-                "table. Fix: free space in the directory (or /dev/shm), check that its files "
-                "are this user's and the process's descriptor limit, or set disk_tier to "
-                "False",
+                f"table. Fix: {fix}, or set disk_tier to False",
             ) from exc
         self._install(opened)
 
@@ -516,16 +521,20 @@ class WriteStamps:
     def reset(self) -> None:
         """Hide every disk entry (a whole-tier failure, a clear: nothing on disk may
         answer)."""
-        while True:
+        for _attempt in range(_OPEN_ATTEMPTS):
             if (
                 self._anchor[_A_ID] != self._id or self._words[_T_ID] != self._id
             ) and not self._follow():
-                raise self._unavailable()
-            self._map[_PAGE:] = bytes(_SIZE - _PAGE)
+                break
+            # The table zeroed and the ids checked after are one table's, whatever another
+            # thread of the process installs meanwhile.
+            ident, anchor, words = self._id, self._anchor, self._words
+            words[_HEADER_WORDS:] = memoryview(bytes(_SIZE - _PAGE)).cast("Q")
             # Retired while it was zeroed: the table the others moved to holds the stamps
             # of entries written before this call, which must not answer either.
-            if self._anchor[_A_ID] == self._id and self._words[_T_ID] == self._id:
+            if anchor[_A_ID] == ident and words[_T_ID] == ident:
                 return
+        raise self._unavailable()
 
     def _follow(self) -> bool:
         """The anchor names another table than the one mapped: map that one (a write
@@ -647,7 +656,7 @@ class WriteStamps:
             # The anchor was removed (and perhaps made again) while this process waited for
             # its lock: one no longer at the path names a table the others have left, and
             # a table made for it would retire theirs. The one at the path now, then.
-        raise OSError(errno.EAGAIN, f"the anchor at {self.path} kept being replaced")
+        raise OSError(errno.EAGAIN, f"the anchor at {self.path} kept being replaced while opened")
 
     def _open_locked(self, fd: int) -> _Opened:
         """:meth:`_open`'s work, the anchor ``fd`` open and locked."""

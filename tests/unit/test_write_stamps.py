@@ -152,7 +152,7 @@ def test_an_anchor_replaced_at_every_attempt_is_a_clear_error_and_leaves_the_tab
         WriteStamps(anchor, shm_root=shm)
     monkeypatch.undo()
     assert raised.value.errno == errno.EAGAIN
-    assert "Fix:" in str(raised.value)
+    assert "Fix: keep temp cleaners and deploys from removing files" in str(raised.value)
     assert swaps[0] == stamps._OPEN_ATTEMPTS
     assert running.current(b"k") == stamp  # its table untouched
     assert os.listdir(shm_directory(shm)) == [os.path.basename(running.table_path)]
@@ -656,27 +656,37 @@ def test_reset_hides_every_stamp_for_every_process(anchor: str, shm: str) -> Non
 
 @pytest.mark.skipif(
     compiled.is_compiled("django_fastcache.disk.stamps"),
-    reason="puts a stand-in for the table's mapping, which compiled code types strictly",
+    reason="puts a stand-in for the table's words, which compiled code types strictly",
 )
+@pytest.mark.skipif(stamps.mount_namespace() == 0, reason="no mount namespace: no retiring")
+@pytest.mark.parametrize("followed_meanwhile", [False, True], ids=["alone", "followed"])
 def test_a_reset_during_which_the_table_is_retired_resets_the_new_one_too(
-    anchor: str, shm: str
+    anchor: str, shm: str, followed_meanwhile: bool
 ) -> None:
     """A clear whose table is retired while it zeroes it: entries stamped in the table the
-    others moved to, before the clear, must not answer after it either."""
+    others moved to, before the clear, must not answer after it either. ``followed``:
+    another thread of the process follows the new table before the clear zeroes the old
+    one (the clear must check the table it zeroed, not the one installed since)."""
     resetting = WriteStamps(anchor, shm_root=shm)
     made: list[WriteStamps] = []
 
     class RetiredWhileZeroed:
-        def __init__(self, table: Any) -> None:
-            self.table = table
+        def __init__(self, words: Any) -> None:
+            self.words = words
 
-        def __setitem__(self, where: slice, data: bytes) -> None:
-            self.table[where] = data
-            os.unlink(anchor)  # the anchor removed, and a process started then...
-            made.append(WriteStamps(anchor, shm_root=shm))
-            made[0].bump(b"k")  # ...writes before the clear returns
+        def __getitem__(self, where: Any) -> Any:
+            return self.words[where]
 
-    resetting._map = RetiredWhileZeroed(resetting._map)
+        def __setitem__(self, where: Any, data: Any) -> None:
+            if isinstance(where, slice) and not made:
+                os.unlink(anchor)  # the anchor removed, and a process started then...
+                made.append(WriteStamps(anchor, shm_root=shm))
+                made[0].bump(b"k")  # ...writes before the clear returns
+                if followed_meanwhile:
+                    resetting.current(b"x")  # (as another thread's call would)
+            self.words[where] = data
+
+    resetting._words = RetiredWhileZeroed(resetting._words)
     resetting.reset()
     [other] = made
     assert resetting.table_path == other.table_path
