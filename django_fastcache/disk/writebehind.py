@@ -3,7 +3,8 @@
 A write or delete made while its node is up is acknowledged once memcached has it; its
 disk copy goes into this process's queue (a deque append, no lock, no disk) and a
 background thread lands the copies once they are ``min_age`` seconds old, every
-``interval`` seconds, in one transaction per disk shard (:meth:`DiskStore.land`). A write
+``interval`` seconds (the first time a random part of ``interval`` later: see ``_run``), in
+one transaction per disk shard (:meth:`DiskStore.land`). A write
 lands only while its stamp is still its slot's current one (:mod:`.stamps`), so a write
 overtaken meanwhile, from this process or another, is skipped; and until a write lands, the
 older entry of its key no longer answers (its stamp was replaced before the write was
@@ -20,6 +21,7 @@ import atexit
 import collections
 import contextlib
 import os
+import random
 import threading
 import time
 import weakref
@@ -184,6 +186,13 @@ class WriteBehind:
     def _run(self) -> None:
         _batch_class()
         queue = self._queue
+        # Until the thread's first landing, a write waits a random part of the interval
+        # more than its minimum age: processes started together (a prefork server's
+        # workers, their first writes at once) would otherwise land together, once an
+        # interval, for as long as writes keep coming, each landing taking CPUs from the
+        # others' requests at the same moment. Staggered once, they stay apart. (Within
+        # the bound on lag: a write lands by min_age + interval after it was made.)
+        phase = random.uniform(0.0, self.interval)
         while True:
             if self.paused or not queue:
                 self._idle = True
@@ -199,8 +208,9 @@ class WriteBehind:
             if not self._landing_all():
                 young = self._seconds_to_age(queue)
                 if young > 0:
-                    self._wake.wait(young)
+                    self._wake.wait(young + phase)
                     continue
+            phase = 0.0
             with self._batch_lock:
                 more = False if self.paused else self._land_batch(queue)
             # Let writes gather for a group commit, unless more are due already (a burst's

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -88,6 +89,43 @@ def test_a_write_waits_its_minimum_age_unless_a_flush_asks_for_it(tmp_path: Path
         assert store.get(b"young") is not None
 
 
+def test_until_its_first_landing_a_writer_waits_a_random_part_of_its_interval_more(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Processes started together would land together, once an interval, as long as writes
+    keep coming: each writer's first landing waits a random part of the interval more than
+    the minimum age, and the landings after it do not."""
+    drawn: list[tuple[float, float]] = []
+
+    def uniform(low: float, high: float) -> float:
+        drawn.append((low, high))
+        return 123.0
+
+    monkeypatch.setattr(random, "uniform", uniform)
+    with running_writer(tmp_path, min_age=FOREVER) as (store, stamps, writer):
+        wake = writer._wake = WatchedWake()
+        put(writer, stamps, b"first", time.time())
+        assert wait_until(lambda: wake.waiting is not None and wake.waiting > DEADLINE)
+        assert drawn == [(0.0, FOREVER)]
+        assert FOREVER + 123.0 - DEADLINE < wake.waiting <= FOREVER + 123.0
+        assert writer.flush(DEADLINE)  # the first landing
+        put(writer, stamps, b"second", time.time())
+        assert wait_until(lambda: wake.waiting is not None and wake.waiting > DEADLINE)
+        assert wake.waiting <= FOREVER
+        assert store.get(b"first") is not None
+    assert len(drawn) == 1
+
+
+def test_a_write_of_age_at_the_writer_s_start_does_not_wait_its_phase(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(random, "uniform", lambda _low, high: high)
+    with running_writer(tmp_path) as (store, stamps, writer):
+        put(writer, stamps, b"due", time.time() - 2 * writebehind.MIN_AGE)
+        assert wait_until(lambda: writer.landed == 1)  # not FOREVER later
+        assert store.get(b"due") is not None
+
+
 def test_writes_of_age_land_without_a_flush_and_younger_ones_wait(tmp_path: Path) -> None:
     with running_writer(tmp_path, min_age=FOREVER) as (store, stamps, writer):
         put(writer, stamps, b"old", time.time() - 2 * FOREVER)
@@ -143,7 +181,8 @@ def test_the_exit_waits_for_a_batch_being_landed(tmp_path: Path, monkeypatch: An
     monkeypatch.setattr(writebehind, "_queues", {writer.handle})
     landed_at_exit: list[int] = []
     try:
-        writer.put(b"k", stamps.bump(b"k"), b"v", 0, None, time.time())
+        # (Of age already: due at once, whatever the writer's phase.)
+        writer.put(b"k", stamps.bump(b"k"), b"v", 0, None, time.time() - 2 * writebehind.MIN_AGE)
         assert landing.wait(DEADLINE)  # the batch is taken off the queue, not landed yet
         assert len(writer) == 0
 
@@ -191,7 +230,7 @@ def test_the_writer_runs_in_the_batch_scheduling_class_and_the_caller_does_not(
     store, stamps, writer = make_writer(tmp_path)
     caller_policy = os.sched_getscheduler(0)
     try:
-        writer.put(b"k", stamps.bump(b"k"), b"v", 0, None, time.time())
+        writer.put(b"k", stamps.bump(b"k"), b"v", 0, None, time.time() - 2 * writebehind.MIN_AGE)
         assert wait_until(lambda: writer.landed == 1)
         thread = writer._writer_thread
         assert thread is not None
