@@ -58,7 +58,7 @@ from .disk.readcopies import LIMIT as READ_COPIES
 from .disk.readcopies import ReadCopies
 from .disk.stamps import WriteStamps, holds_value, slot_of
 from .disk.store import Fields
-from .disk.writebehind import INTERVAL, WriteBehind
+from .disk.writebehind import INTERVAL, MIN_AGE, WriteBehind
 from .errors import (
     ClientError,
     CommandError,
@@ -182,6 +182,7 @@ class TieredStore:
         directory: str | None = None,
         stamps: WriteStamps | None = None,
         write_interval: float = INTERVAL,
+        write_delay: float = MIN_AGE,
         read_copies: int = READ_COPIES,
     ) -> None:
         self.cluster = cluster
@@ -210,7 +211,11 @@ class TieredStore:
         self._copies_checked_until = -math.inf
         #: The writer behind memcached: disk copies of writes made while nodes are up.
         self.behind = WriteBehind(
-            disk, self.stamps, interval=write_interval, on_failure=self._behind_failed
+            disk,
+            self.stamps,
+            interval=write_interval,
+            min_age=write_delay,
+            on_failure=self._behind_failed,
         )
         #: Seconds a refill's lease (memcached's stub) lives if its holder dies.
         self.lease_seconds = max(1, math.ceil(2 * cluster.settings.timeout))

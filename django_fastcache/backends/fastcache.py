@@ -165,6 +165,7 @@ def _build_stack(servers: list[str], options: FastCacheOptions) -> Shared:
             NodeStates(os.path.join(directory, "nodes"), client.cluster.node_ids),
             max_staleness=options.disk_max_staleness,
             read_copies=options.disk_read_copies,
+            write_delay=options.disk_write_delay,
             on_node_out=lambda node_id: _announce_node_out(node_id, directory),
             on_node_back=lambda node_id, replayed: _announce_node_back(
                 node_id, directory, replayed

@@ -105,6 +105,13 @@ class FastCacheOptions:
     #: write stamp unchanged; see the disk tier docs). 0: none (and none are kept under an
     #: eviction policy that counts reads).
     disk_read_copies: int = 4 * 1024**2
+    #: Seconds a write made while its node is up waits in this process's queue before its
+    #: disk copy lands (the disk tier's lag behind memcached; ``MIN_AGE`` in
+    #: ``django_fastcache/disk/writebehind.py``). A key written again meanwhile, by any
+    #: process on the host, lands once. Longer: fewer rows written, more keys missing on
+    #: disk after a crash or at an outage's start (never older values). Below
+    #: ``disk_max_staleness``.
+    disk_write_delay: float = 3.0
 
     # -- the meta protocol and stampede protection (docs/stampede.md) ----------------
     #: ``"auto"`` (ask each node with ``mn`` the first time it is needed), ``"meta"``
@@ -244,6 +251,7 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
         "idle_timeout",
         "disk_timeout",
         "disk_max_staleness",
+        "disk_write_delay",
         "autodiscovery_interval",
         "stampede_lease",
         "stampede_wait",
@@ -340,6 +348,19 @@ def parse_options(raw: Mapping[str, Any] | None) -> tuple[FastCacheOptions, list
                 )
             )
             raw.pop("stale_on_delete")
+    if "disk_write_delay" in raw and raw["disk_write_delay"] >= raw.get(
+        "disk_max_staleness", FastCacheOptions.disk_max_staleness
+    ):
+        problems.append(
+            OptionProblem(
+                "django_fastcache.E053",
+                "disk_write_delay must be below disk_max_staleness: a disk copy landed"
+                " after that long would never answer.",
+                f"Lower disk_write_delay ({FastCacheOptions.disk_write_delay} by default) or raise"
+                " disk_max_staleness.",
+            )
+        )
+        raw.pop("disk_write_delay")
     if "ssl" in raw:
         try:
             raw["ssl"] = normalize_tls(raw["ssl"])

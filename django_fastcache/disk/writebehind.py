@@ -32,14 +32,17 @@ from ..handles import Handle
 from .stamps import WriteStamps
 from .store import DiskError, DiskStore, Landing, LandingError
 
-#: Seconds a write waits in the queue before it lands (unless a flush asks for it sooner).
-#: Most of the writer's CPU goes to the rows it lands, and a write overtaken before its
-#: landing, by a newer write of its key from any process, is skipped without a statement:
-#: at cachebench's pace (8 processes writing 1,100 keys, 100,000 operations each) one
-#: write in five or six landed when writes landed at the next commit, one in about thirty
-#: once each waited a second, for half the writer's CPU. A longer lag only means more
-#: misses on disk, never older values.
-MIN_AGE = 1.0
+#: Seconds a write waits in the queue before it lands (unless a flush asks for it sooner;
+#: the backend's ``disk_write_delay`` option). Most of the writer's CPU goes to the rows it
+#: lands, and a write overtaken before its landing, by a newer write of its key from any
+#: process, is skipped without a statement: at cachebench's pace (8 processes writing
+#: 1,100 keys, 100,000 operations each) one write in five or six landed when writes landed
+#: at the next commit, one in about thirty once each waited a second, for half the
+#: writer's CPU. Three seconds lowered the tiered row's P99s by a further 4 to 7 % in
+#: paired runs (docs/benchmarks.md, fourteenth round). A longer lag only means more misses
+#: on disk (after a crash, at an outage's start), never older values, and a queue that
+#: holds the copies of that many seconds of writes.
+MIN_AGE = 3.0
 #: Seconds between group commits while writes keep coming: a write lands between MIN_AGE
 #: and MIN_AGE + INTERVAL after it was made. A commit costs about as much for one write as
 #: for a hundred (one transaction per shard), and more when other processes committed to

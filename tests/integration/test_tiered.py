@@ -482,6 +482,21 @@ def test_a_read_from_disk_keeps_a_copy_in_memory_within_disk_read_copies(
     assert cache.get("k") == "w"
 
 
+def test_disk_write_delay_is_how_long_a_write_waits_before_it_lands(
+    server: MemcachedServer, disk_directory: str
+) -> None:
+    cache = make_cache(server.location, disk_directory, disk_write_delay=30.0)
+    behind = tiered(cache).behind
+    assert behind.min_age == 30.0
+    cache.set("k", "v")
+    assert len(behind) == 1  # queued, due in about 30 s (the default: 1 s)
+    assert 29.0 < behind._seconds_to_age(behind._queue) <= 30.0
+    assert tiered(cache).disk.get(cache.wire_key("k")) is None
+    entry = on_disk(cache, "k")  # after a flush, which lands what is queued, whatever its age
+    assert entry is not None
+    assert entry.data == encoded(cache, "v")[0]
+
+
 def test_a_copy_in_memory_expires_with_its_entry(disk_directory: str) -> None:
     location = f"127.0.0.1:{free_port()}"  # nothing listens here: every read is the disk's
     cache = make_cache(location, disk_directory)

@@ -79,6 +79,7 @@ GOOD_VALUES: dict[str, list[Any]] = {
     "disk_timeout": [0.001, 1, 2.5],
     "disk_max_staleness": [0.5, 300, 86400.0],
     "disk_read_copies": [0, 1, 64 * 1024**2],
+    "disk_write_delay": [0.001, 1, 3.0, 299.5],
     "placement": ["rendezvous", "ketama", "ketama_md5", "ketama_weighted", "emcache"],
     # True only with the disk tier off: tests/unit/test_placement_command.py.
     "autodiscovery": [False],
@@ -209,6 +210,7 @@ def test_unknown_keys_of_mixed_types_are_reported() -> None:
         "idle_timeout",
         "disk_timeout",
         "disk_max_staleness",
+        "disk_write_delay",
     ],
 )
 @pytest.mark.parametrize("value", [0, -1, -0.5, "1", None, True, float("nan"), float("inf"), [1]])
@@ -237,6 +239,34 @@ def test_counts_must_be_positive_integers_e003(name: str, value: Any) -> None:
     assert ids(problems) == ["django_fastcache.E003"]
     assert name in problems[0].message
     assert getattr(options, name) == getattr(FastCacheOptions(), name)
+
+
+@pytest.mark.parametrize(
+    ("delay", "staleness"), [(300, None), (300.0, None), (5, 5), (6.5, 6), (1, 0.5)]
+)
+def test_disk_write_delay_must_be_below_disk_max_staleness_e053(
+    delay: float, staleness: float | None
+) -> None:
+    given: dict[str, Any] = {"disk_write_delay": delay}
+    if staleness is not None:
+        given["disk_max_staleness"] = staleness
+    options, problems = parse_options(given)
+    assert ids(problems) == ["django_fastcache.E053"]
+    assert "disk_write_delay" in problems[0].message
+    assert "disk_max_staleness" in (problems[0].hint or "")
+    assert options.disk_write_delay == FastCacheOptions().disk_write_delay
+
+
+def test_disk_write_delay_just_below_disk_max_staleness_stands() -> None:
+    options, problems = parse_options({"disk_write_delay": 5.5, "disk_max_staleness": 6})
+    assert problems == []
+    assert options.disk_write_delay == 5.5
+
+
+def test_disk_write_delay_default_is_the_writers() -> None:
+    from django_fastcache.disk.writebehind import MIN_AGE
+
+    assert FastCacheOptions().disk_write_delay == MIN_AGE
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, 4.0, "4096", True, None])
