@@ -240,3 +240,70 @@ def test_the_writer_runs_in_the_batch_scheduling_class_and_the_caller_does_not(
     finally:
         writer.flush()
         store.close()
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        (b"key", (1 << 62) - 1, b"value", 0, None, 1_700_000_000.25),
+        (b"k" * 250, 5, b"", 2**32 - 1, 1_700_000_100.5, 0.0),
+        (b":1:deleted", 2, None, 0, None, 123.0),
+        (b"x", 7, bytes(range(256)) * 1000, 64, -1.0, 1e9),
+    ],
+)
+def test_a_queued_write_comes_back_as_it_was_put(write: Landing) -> None:
+    assert writebehind.landing(writebehind.record(*write)) == write
+
+
+def test_queued_writes_hold_nothing_the_garbage_collector_counts(tmp_path: Path) -> None:
+    """A write waits seconds in the queue: as a tuple it counted toward the collector's
+    next collection until it landed, so that a busy process collected every 700 writes and
+    promoted the queue's writes to the older generations (full collections more often).
+    Queued as bytes, a thousand writes leave the count where it was."""
+    import gc
+
+    with running_writer(tmp_path, min_age=FOREVER) as (_store, stamps, writer):
+        writer.pause()
+        stamp = stamps.bump(b"warm")
+        writer.put(b"warm", stamp, b"v" * 100, 0, None, time.time())  # starts the thread
+        was_enabled = gc.isenabled()
+        gc.disable()  # (counts still move; no collection resets them meanwhile)
+        try:
+            before = gc.get_count()[0]
+            for index in range(1000):
+                writer.put(b"k%d" % index, stamp, b"v" * 100, 0, 1e10, time.time())
+            grown = gc.get_count()[0] - before
+        finally:
+            if was_enabled:
+                gc.enable()
+        assert len(writer) == 1001
+        assert grown < 100, f"the collector's count grew by {grown} over 1,000 queued writes"
+        writer.resume()
+
+
+def test_overtaken_writes_are_skipped_before_they_are_decoded(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Of a key written three times, and another deleted after its write, only the latest
+    write is decoded and landed; the rest count as skipped."""
+    decoded: list[bytes] = []
+    real_landing = writebehind.landing
+
+    def watched(item: bytes) -> Landing:
+        write = real_landing(item)
+        decoded.append(write[0])
+        return write
+
+    monkeypatch.setattr(writebehind, "landing", watched)
+    with running_writer(tmp_path, min_age=FOREVER) as (store, stamps, writer):
+        for value in (b"1", b"2", b"3"):
+            writer.put(b"kept", stamps.bump(b"kept"), value, 0, None, time.time())
+        writer.put(b"gone", stamps.bump(b"gone"), b"x", 0, None, time.time())
+        stamps.bump(b"gone", gone=True)
+        assert writer.flush(DEADLINE)
+        assert decoded == [b"kept"]
+        assert (writer.landed, writer.skipped) == (1, 3)
+        found = store.get(b"kept")
+        assert found is not None
+        assert found[0] == b"3"
+        assert store.get(b"gone") is None
