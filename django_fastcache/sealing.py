@@ -52,6 +52,16 @@ def derive_key(secret: str | bytes) -> bytes:
     return blake2b(raw, digest_size=32, person=_PERSON).digest()
 
 
+def _tag_matches(data: bytes, expected: bytes) -> bool:
+    """Whether the tag ``data`` starts with is ``expected``, the first byte's high bit left
+    out (set when stored, or as the hash made it in tags stored before), in a time that
+    does not depend on where they differ. (No copy of either tag with the bit set: that
+    took a sixth of a sealed get's own instructions.)"""
+    rest_matches = _compare_digest(data[1:TAG_SIZE], expected[1:])
+    first_matches = not (data[0] ^ expected[0]) & 0x7F
+    return rest_matches & first_matches
+
+
 class Refusals:
     """Values refused by this process: counted, and warned about at most every
     :data:`WARN_INTERVAL` seconds (a flood of planted values must not flood the log)."""
@@ -120,14 +130,10 @@ class Sealer:
             flags ^= FLAG_SEALED
             payload = data[TAG_SIZE:]
             if len(data) >= TAG_SIZE and flags < FLAG_SEALED:
-                # The tag with its first byte's high bit set, however it was stored.
-                tag = b"%c%s" % (data[0] | 0x80, data[1:TAG_SIZE])
-                expected = self._tag(self._mac, wire_key, flags, payload)
-                if _compare_digest(tag, b"%c%s" % (expected[0] | 0x80, expected[1:])):
+                if _tag_matches(data, self._tag(self._mac, wire_key, flags, payload)):
                     return payload, flags
                 for fallback in self._fallbacks:  # (a rotation's older secrets)
-                    expected = self._tag(fallback, wire_key, flags, payload)
-                    if _compare_digest(tag, b"%c%s" % (expected[0] | 0x80, expected[1:])):
+                    if _tag_matches(data, self._tag(fallback, wire_key, flags, payload)):
                         return payload, flags
             self.refusals.refuse(
                 wire_key,

@@ -453,10 +453,11 @@ class TieredStore:
         either order: the slot is stamped gone instead, so that its disk entries miss (a
         copy queued under an older stamp is skipped by the writer). Of two such racers, the
         one checking second sees the other's stamp."""
-        if self.stamps.current(key) != stamp:
-            self.stamps.bump(key, gone=True)
+        slot = slot_of(key)
+        if self.stamps.current_slot(slot) != stamp:
+            self.stamps.bump_slot(slot, gone=True)
             return
-        self.behind.put(key, stamp, data, flags, expire_at, written_at)
+        self.behind.put(key, slot, stamp, data, flags, expire_at, written_at)
 
     def _write_now(
         self,
@@ -901,7 +902,7 @@ class TieredStore:
                         self._queue(key, stamp, data, flags, ttl, now)
                     elif stamps.current_slot(slot) == stamp:
                         expire_at = None if ttl is None else now + ttl
-                        self.behind.put(key, stamp, data, flags, expire_at, now)
+                        self.behind.put(key, slot, stamp, data, flags, expire_at, now)
                     else:
                         stamps.bump_slot(slot, gone=True)
                     return True
@@ -1299,7 +1300,7 @@ class TieredStore:
                 if stamps.current_slot(slot) == stamp:
                     expire_at = None if ttl is None else now + ttl
                     self.behind.put(
-                        key, stamp, first.value, first.client_flags or 0, expire_at, now
+                        key, slot, stamp, first.value, first.client_flags or 0, expire_at, now
                     )
                 else:
                     stamps.bump_slot(slot, gone=True)
@@ -1422,7 +1423,7 @@ class TieredStore:
                 else:
                     # The disk copy, for the writer behind (_behind, inline: the flat path).
                     if stamps.current_slot(slot) == stamp:
-                        self.behind.put(key, stamp, None, 0, None, _now())
+                        self.behind.put(key, slot, stamp, None, 0, None, _now())
                     else:
                         stamps.bump_slot(slot, gone=True)
                     # Not in memcached: it existed if get would have found it on disk.
@@ -1632,7 +1633,7 @@ class TieredStore:
                             # The disk copy (_queue and _behind, inline: the flat path).
                             expire_at = None if seconds is None or seconds < 0 else now + seconds
                             data = b"%d" % value
-                            self.behind.put(key, stamp, data, FLAG_INTEGER, expire_at, now)
+                            self.behind.put(key, slot, stamp, data, FLAG_INTEGER, expire_at, now)
                         else:
                             stamps.bump_slot(slot, gone=True)
                         return value

@@ -518,6 +518,17 @@ class WriteStamps:
         stamp: int = self._words[slot]
         return stamp
 
+    def words_now(self) -> memoryview | None:
+        """The table's words, indexed by :func:`slot_of`'s slots, once the checks of
+        :meth:`current_slot` pass (None when the anchor's table cannot be followed now): for
+        a reader of many slots at once that can take answers a moment old (the writer
+        behind's sorting of a batch, whose landing checks each write again)."""
+        if (
+            self._anchor[_A_ID] != self._id or self._words[_T_ID] != self._id
+        ) and not self._follow():
+            return None
+        return self._words
+
     def reset(self) -> None:
         """Hide every disk entry (a whole-tier failure, a clear: nothing on disk may
         answer)."""

@@ -60,19 +60,21 @@ MAX_QUEUE = 100_000
 EXIT_WAIT = 2.0
 
 #: A queued write's fields before its key and value (see :func:`record`): stamp, the key's
-#: length, expiry (NaN: never), when it was written, flags, whether it holds a value.
-_HEAD: Final = struct.Struct("=QIddIB")
+#: stamp slot, the key's length, expiry (NaN: never), when it was written, flags, whether
+#: it holds a value.
+_HEAD: Final = struct.Struct("=QIIddIB")
 _HEAD_SIZE: Final = _HEAD.size
 #: A record's first fields: what the writer needs to tell whether it was overtaken.
-_STAMP_AND_LENGTH: Final = struct.Struct("=QI")
+_STAMP_AND_SLOT: Final = struct.Struct("=QI")
 #: Where ``written_at`` lies in a record.
 _WRITTEN_AT: Final = struct.Struct("=d")
-_WRITTEN_AT_OFFSET: Final = 20
+_WRITTEN_AT_OFFSET: Final = 24
 _NEVER: Final = math.nan
 
 
 def record(
     key: bytes,
+    slot: int,
     stamp: int,
     data: bytes | None,
     flags: int,
@@ -85,9 +87,12 @@ def record(
     generations, where they set off full collections of the whole process (one per process
     under bench/writer_eight.py's eight, none untiered; tens of milliseconds each): about
     4,600 instructions a write on average, a third of a sync set's own. A bytes object is
-    not counted. The value is copied once, which costs less than its seal did."""
+    not counted. The value is copied once, which costs less than its seal did. ``slot``:
+    the key's stamp slot (:func:`.stamps.slot_of`), which the request found already: the
+    writer reads a record's stamp slot without hashing its key again."""
     head = _HEAD.pack(
         stamp,
+        slot,
         len(key),
         _NEVER if expire_at is None else expire_at,
         written_at,
@@ -101,7 +106,7 @@ def record(
 
 def landing(item: bytes) -> Landing:
     """The write a :func:`record` holds."""
-    stamp, length, expire_at, written_at, flags, has_data = _HEAD.unpack_from(item)
+    stamp, _slot, length, expire_at, written_at, flags, has_data = _HEAD.unpack_from(item)
     end = _HEAD_SIZE + length
     return (
         item[_HEAD_SIZE:end],
@@ -113,13 +118,14 @@ def landing(item: bytes) -> Landing:
     )
 
 
-def still_current(item: bytes, current: Callable[[bytes], int]) -> bool:
-    """Whether the write a :func:`record` holds still has its slot's stamp (``current``
-    reads it), read without decoding the rest."""
+def still_current(item: bytes, words: memoryview) -> bool:
+    """Whether the write a :func:`record` holds still has its slot's stamp in ``words``
+    (the table's, :meth:`.WriteStamps.words_now`), read without decoding the rest."""
     stamp: int
-    length: int
-    stamp, length = _STAMP_AND_LENGTH.unpack_from(item)
-    return current(item[_HEAD_SIZE : _HEAD_SIZE + length]) == stamp
+    slot: int
+    stamp, slot = _STAMP_AND_SLOT.unpack_from(item)
+    stamped: int = words[slot]
+    return stamped == stamp
 
 
 def _written_at(item: bytes) -> float:
@@ -181,18 +187,20 @@ class WriteBehind:
     def put(
         self,
         key: bytes,
+        slot: int,
         stamp: int,
         data: bytes | None,
         flags: int,
         expire_at: float | None,
         written_at: float,
     ) -> None:
-        """Queue the disk copy of a write (``data`` None: a delete) stamped ``stamp``."""
+        """Queue the disk copy of a write (``data`` None: a delete) stamped ``stamp`` in
+        ``slot``, the key's (:func:`.stamps.slot_of`)."""
         queue = self._queue
         if len(queue) >= self.max_queue:
             self.dropped += 1
             return
-        queue.append(record(key, stamp, data, flags, expire_at, written_at))
+        queue.append(record(key, slot, stamp, data, flags, expire_at, written_at))
         if self._idle:
             self._notify()
 
@@ -367,14 +375,19 @@ class WriteBehind:
         """The writes of ``records`` whose stamp is still their slot's, decoded; the others,
         overtaken by a newer write or delete of their slot (most of them, when several
         processes write the same keys), are counted skipped without being decoded. The
-        interpreter's lock is handed over every YIELD_EVERY records, as the landing does."""
-        current = self.stamps.current
+        table is checked once for the batch: should the process follow another table
+        meanwhile (its directory made again), the check lets through writes the landing
+        skips (it checks each write again, as it lands) or skips writes that would have
+        landed (misses on disk, never older values). The interpreter's lock is handed over
+        every YIELD_EVERY records, as the landing does."""
+        words = self.stamps.words_now()
         writes: list[Landing] = []
-        for done, item in enumerate(records, 1):
-            if still_current(item, current):
-                writes.append(landing(item))
-            if not done % YIELD_EVERY:
-                _yield_gil()
+        if words is not None:  # (else no slot has a stamp to land under now)
+            for done, item in enumerate(records, 1):
+                if still_current(item, words):
+                    writes.append(landing(item))
+                if not done % YIELD_EVERY:
+                    _yield_gil()
         self.skipped += len(records) - len(writes)
         return writes
 

@@ -248,7 +248,7 @@ def test_a_shard_that_cannot_be_written_loses_only_its_own_writes(tmp_path: Path
     the other shards land all the same, and the error counts both."""
     import sqlite3
 
-    from django_fastcache.disk.stamps import WriteStamps
+    from django_fastcache.disk.stamps import WriteStamps, slot_of
     from django_fastcache.disk.store import LandingError
     from django_fastcache.disk.writebehind import WriteBehind
 
@@ -283,7 +283,7 @@ def test_a_shard_that_cannot_be_written_loses_only_its_own_writes(tmp_path: Path
             )
             writer.pause()  # one batch
             for key in keys:
-                writer.put(key, stamp[key], b"newer", 0, None, 2.0)
+                writer.put(key, slot_of(key), stamp[key], b"newer", 0, None, 2.0)
             writer.resume()
             assert writer.flush()
             assert (writer.landed, writer.skipped, writer.failed) == (len(free), 0, len(locked))

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from django_fastcache.disk import DiskStore, writebehind
-from django_fastcache.disk.stamps import WriteStamps
+from django_fastcache.disk.stamps import WriteStamps, slot_of
 from django_fastcache.disk.store import Landing
 from django_fastcache.disk.writebehind import BATCH, WriteBehind
 
@@ -73,7 +73,7 @@ def running_writer(
 
 
 def put(writer: WriteBehind, stamps: WriteStamps, key: bytes, written_at: float) -> None:
-    writer.put(key, stamps.bump(key), b"v", 0, None, written_at)
+    writer.put(key, slot_of(key), stamps.bump(key), b"v", 0, None, written_at)
 
 
 def test_a_write_waits_its_minimum_age_unless_a_flush_asks_for_it(tmp_path: Path) -> None:
@@ -182,7 +182,15 @@ def test_the_exit_waits_for_a_batch_being_landed(tmp_path: Path, monkeypatch: An
     landed_at_exit: list[int] = []
     try:
         # (Of age already: due at once, whatever the writer's phase.)
-        writer.put(b"k", stamps.bump(b"k"), b"v", 0, None, time.time() - 2 * writebehind.MIN_AGE)
+        writer.put(
+            b"k",
+            slot_of(b"k"),
+            stamps.bump(b"k"),
+            b"v",
+            0,
+            None,
+            time.time() - 2 * writebehind.MIN_AGE,
+        )
         assert landing.wait(DEADLINE)  # the batch is taken off the queue, not landed yet
         assert len(writer) == 0
 
@@ -208,13 +216,13 @@ def test_stop_lands_the_queue_and_ends_the_thread_and_a_later_write_starts_anoth
 ) -> None:
     store, stamps, writer = make_writer(tmp_path)
     try:
-        writer.put(b"a", stamps.bump(b"a"), b"v", 0, None, time.time())
+        writer.put(b"a", slot_of(b"a"), stamps.bump(b"a"), b"v", 0, None, time.time())
         thread = writer._writer_thread
         assert thread is not None
         assert writer.stop(DEADLINE)
         assert not thread.is_alive()  # it no longer holds the writer (and its store)
         assert store.get(b"a") is not None  # landed first
-        writer.put(b"b", stamps.bump(b"b"), b"v", 0, None, time.time())
+        writer.put(b"b", slot_of(b"b"), stamps.bump(b"b"), b"v", 0, None, time.time())
         assert writer.flush(DEADLINE)
         assert writer._writer_thread is not thread
         assert store.get(b"b") is not None
@@ -230,7 +238,15 @@ def test_the_writer_runs_in_the_batch_scheduling_class_and_the_caller_does_not(
     store, stamps, writer = make_writer(tmp_path)
     caller_policy = os.sched_getscheduler(0)
     try:
-        writer.put(b"k", stamps.bump(b"k"), b"v", 0, None, time.time() - 2 * writebehind.MIN_AGE)
+        writer.put(
+            b"k",
+            slot_of(b"k"),
+            stamps.bump(b"k"),
+            b"v",
+            0,
+            None,
+            time.time() - 2 * writebehind.MIN_AGE,
+        )
         assert wait_until(lambda: writer.landed == 1)
         thread = writer._writer_thread
         assert thread is not None
@@ -252,7 +268,8 @@ def test_the_writer_runs_in_the_batch_scheduling_class_and_the_caller_does_not(
     ],
 )
 def test_a_queued_write_comes_back_as_it_was_put(write: Landing) -> None:
-    assert writebehind.landing(writebehind.record(*write)) == write
+    key, *rest = write
+    assert writebehind.landing(writebehind.record(key, slot_of(key), *rest)) == write
 
 
 def test_queued_writes_hold_nothing_the_garbage_collector_counts(tmp_path: Path) -> None:
@@ -265,13 +282,17 @@ def test_queued_writes_hold_nothing_the_garbage_collector_counts(tmp_path: Path)
     with running_writer(tmp_path, min_age=FOREVER) as (_store, stamps, writer):
         writer.pause()
         stamp = stamps.bump(b"warm")
-        writer.put(b"warm", stamp, b"v" * 100, 0, None, time.time())  # starts the thread
+        writer.put(
+            b"warm", slot_of(b"warm"), stamp, b"v" * 100, 0, None, time.time()
+        )  # starts the thread
         was_enabled = gc.isenabled()
         gc.disable()  # (counts still move; no collection resets them meanwhile)
         try:
             before = gc.get_count()[0]
             for index in range(1000):
-                writer.put(b"k%d" % index, stamp, b"v" * 100, 0, 1e10, time.time())
+                writer.put(
+                    b"k%d" % index, slot_of(b"k%d" % index), stamp, b"v" * 100, 0, 1e10, time.time()
+                )
             grown = gc.get_count()[0] - before
         finally:
             if was_enabled:
@@ -281,18 +302,25 @@ def test_queued_writes_hold_nothing_the_garbage_collector_counts(tmp_path: Path)
         writer.resume()
 
 
-def test_a_record_s_stamp_is_checked_from_its_head_and_key_alone(tmp_path: Path) -> None:
+def test_a_record_s_stamp_is_checked_from_its_head_alone(tmp_path: Path) -> None:
     """The writer tells an overtaken write (most of them, under several processes) from its
-    record's stamp and key, without decoding the rest: the check reads no further."""
+    record's stamp and the key's slot, put in the record by the request that found it:
+    the check neither hashes the key nor reads past the head."""
     stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
     older = stamps.bump(b"key")
     latest = stamps.bump(b"key")
-    value = b"v" * 1000
+    words = stamps.words_now()
+    assert words is not None
+    key, value = b"key", b"v" * 1000
     for stamp, expected in ((older, False), (latest, True)):
-        item = writebehind.record(b"key", stamp, value, 0, None, time.time())
-        head_and_key = item[: len(item) - len(value)]
-        assert writebehind.still_current(item, stamps.current) is expected
-        assert writebehind.still_current(head_and_key, stamps.current) is expected
+        item = writebehind.record(key, slot_of(key), stamp, value, 0, None, time.time())
+        head = item[: len(item) - len(key) - len(value)]
+        assert writebehind.still_current(item, words) is expected
+        assert writebehind.still_current(head, words) is expected
+    # Another key's slot in the record: its stamp, not the key's, decides.
+    other = next(k for k in (b"o%d" % i for i in range(100)) if slot_of(k) != slot_of(key))
+    item = writebehind.record(key, slot_of(other), latest, value, 0, None, time.time())
+    assert writebehind.still_current(item, words) is False
 
 
 def test_overtaken_writes_are_skipped_and_the_latest_lands(tmp_path: Path) -> None:
@@ -300,8 +328,8 @@ def test_overtaken_writes_are_skipped_and_the_latest_lands(tmp_path: Path) -> No
     write lands; the rest count as skipped."""
     with running_writer(tmp_path, min_age=FOREVER) as (store, stamps, writer):
         for value in (b"1", b"2", b"3"):
-            writer.put(b"kept", stamps.bump(b"kept"), value, 0, None, time.time())
-        writer.put(b"gone", stamps.bump(b"gone"), b"x", 0, None, time.time())
+            writer.put(b"kept", slot_of(b"kept"), stamps.bump(b"kept"), value, 0, None, time.time())
+        writer.put(b"gone", slot_of(b"gone"), stamps.bump(b"gone"), b"x", 0, None, time.time())
         stamps.bump(b"gone", gone=True)
         assert writer.flush(DEADLINE)
         assert (writer.landed, writer.skipped) == (1, 3)
