@@ -9,7 +9,9 @@ with ``version`` on backoff (0.05 s, doubling, at most ``MAX_BACKOFF``); a node 
 answers has its journal replayed as deletes and is marked up
 (:meth:`TieredStore.bring_back`). Every ``CULL_INTERVAL`` seconds the disk tiers drop
 expired entries and evict down to their size limit, and the write stamps anchors are
-touched (an age-based temp cleaner then leaves them alone).
+touched (an age-based temp cleaner then leaves them alone). The thread's first round over a
+store opens its disk shards (:meth:`DiskStore.open_ahead`), which the process's first read
+from disk would otherwise do in a request.
 
 The thread is a daemon started on first need, and started again in a forked child.
 """
@@ -148,6 +150,7 @@ class Maintenance:
             try:
                 check_files(store)
                 anything_out |= self._probe_out_nodes(handle)
+                store.disk.open_ahead()  # (the first round's: no request opens the shards)
             except Exception:
                 # Whatever went wrong with one store, the thread must go on: it is the
                 # only thing that ever brings a node back, for every store.

@@ -12,10 +12,23 @@ from django_fastcache.handles import Handle
 from django_fastcache.maintenance import Maintenance
 
 
+class _Disk:
+    """A disk tier that opens nothing (the round opens a store's shards once)."""
+
+    def __init__(self) -> None:
+        self.opened_ahead = 0
+
+    def open_ahead(self) -> None:
+        self.opened_ahead += 1
+
+
 class _Store:
     """A store as the round sees it here (its checks are replaced below)."""
 
     maintained: object | None = None
+
+    def __init__(self) -> None:
+        self.disk = _Disk()
 
 
 def test_unregister_waits_for_the_round_that_holds_the_store(monkeypatch: Any) -> None:
@@ -56,6 +69,7 @@ class _OutStore:
     maintained: object | None = None
 
     def __init__(self) -> None:
+        self.disk = _Disk()
         self.cluster = [0]
         self.states = self
         self.directory = "/nowhere"
