@@ -182,15 +182,7 @@ def test_the_exit_waits_for_a_batch_being_landed(tmp_path: Path, monkeypatch: An
     landed_at_exit: list[int] = []
     try:
         # (Of age already: due at once, whatever the writer's phase.)
-        writer.put(
-            b"k",
-            slot_of(b"k"),
-            stamps.bump(b"k"),
-            b"v",
-            0,
-            None,
-            time.time() - 2 * writebehind.MIN_AGE,
-        )
+        put(writer, stamps, b"k", time.time() - 2 * writebehind.MIN_AGE)
         assert landing.wait(DEADLINE)  # the batch is taken off the queue, not landed yet
         assert len(writer) == 0
 
@@ -238,15 +230,7 @@ def test_the_writer_runs_in_the_batch_scheduling_class_and_the_caller_does_not(
     store, stamps, writer = make_writer(tmp_path)
     caller_policy = os.sched_getscheduler(0)
     try:
-        writer.put(
-            b"k",
-            slot_of(b"k"),
-            stamps.bump(b"k"),
-            b"v",
-            0,
-            None,
-            time.time() - 2 * writebehind.MIN_AGE,
-        )
+        put(writer, stamps, b"k", time.time() - 2 * writebehind.MIN_AGE)
         assert wait_until(lambda: writer.landed == 1)
         thread = writer._writer_thread
         assert thread is not None
