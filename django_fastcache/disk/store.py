@@ -200,6 +200,7 @@ class DiskStore:
         self._pid = os.getpid()
         #: The process that called :meth:`open_ahead` (0: none yet).
         self._opened_ahead_in = 0
+        self._opening = threading.Lock()
         forksafe.register(self)
 
     @property
@@ -214,6 +215,7 @@ class DiskStore:
         to be kept, never closed: closing them could checkpoint the parent's databases from
         under it. The child opens its own on first use."""
         inherited, self._fanout, self._shards = self._fanout, None, ()
+        self._opening = threading.Lock()  # (held at the fork only past the gate's wait)
         return inherited
 
     # -- shards --------------------------------------------------------------------------
@@ -221,19 +223,29 @@ class DiskStore:
         fanout = self._fanout
         if fanout is None or self._pid != os.getpid():
             # First use, or a forked child: SQLite connections must not cross a fork. (A
-            # child handed the parent's over at the fork, see _forget_after_fork.)
-            try:
-                # Only this user may write here: the values are unpickled when read.
-                os.makedirs(self.directory, mode=0o700, exist_ok=True)
-                options = {**self._options, "shards": self._shards_made()}
-                with forkgate.writing():  # connecting: no fork meanwhile (see forkgate)
-                    fanout = diskcache.FanoutCache(self.directory, **options)
-                    shards = adopt(fanout)
-            except Exception as exc:
-                raise DiskError(f"cannot open the disk tier at {self.directory}: {exc}") from exc
-            self._fanout, self._pid = fanout, os.getpid()
-            self._shards = shards
-            self._hash = fanout._hash
+            # child handed the parent's over at the fork, see _forget_after_fork.) One
+            # thread opens, others wait for its shards (the maintenance thread opens them
+            # ahead of the requests, see open_ahead). The lock is taken inside the gate, so
+            # it is never held at a fork.
+            with forkgate.writing(), self._opening:  # connecting: no fork meanwhile
+                fanout = self._fanout
+                if fanout is None or self._pid != os.getpid():
+                    fanout = self._open()
+        return fanout
+
+    def _open(self) -> diskcache.FanoutCache:
+        try:
+            # Only this user may write here: the values are unpickled when read.
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            options = {**self._options, "shards": self._shards_made()}
+            fanout = diskcache.FanoutCache(self.directory, **options)
+            shards = adopt(fanout)
+        except Exception as exc:
+            raise DiskError(f"cannot open the disk tier at {self.directory}: {exc}") from exc
+        # (The hash first, the shards next: a call that finds the shards uses both.)
+        self._hash = fanout._hash
+        self._shards = shards
+        self._fanout, self._pid = fanout, os.getpid()
         return fanout
 
     def open_ahead(self) -> None:

@@ -324,3 +324,59 @@ def test_a_store_configured_with_other_shards_keeps_to_the_directorys(
     finally:
         for store in (old, new, fresh):
             store.close()
+
+
+def test_two_threads_opening_the_shards_at_once_open_them_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The maintenance thread opens the shards ahead of the requests; a request that needs
+    them meanwhile waits for those, rather than opening a second set of its own."""
+    import threading
+
+    import diskcache
+
+    from django_fastcache.disk import store as store_module
+
+    made: list[object] = []
+    second_started = threading.Event()
+    real = diskcache.FanoutCache
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made.append(threading.current_thread())
+        if len(made) == 1:
+            assert second_started.wait(10)
+            # The second thread is now waiting for this open, or (were the open not
+            # serialized) making one of its own: give it the time to.
+            second.join(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store_module.diskcache, "FanoutCache", counted)
+    store = DiskStore(str(tmp_path / "disk"))
+    opened: list[tuple[Any, ...]] = []
+
+    def open_second() -> None:
+        second_started.set()
+        opened.append(store._shards_now())
+
+    second = threading.Thread(target=open_second)
+    first = threading.Thread(target=lambda: opened.append(store._shards_now()))
+    try:
+        first.start()
+        assert wait_for(lambda: len(made) == 1)
+        second.start()
+        first.join(20)
+        second.join(20)
+        assert len(made) == 1
+        assert len(opened) == 2
+        assert opened[0] is opened[1]
+    finally:
+        store.close()
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
