@@ -108,8 +108,10 @@ FILES_CHECK_INTERVAL: Final = 0.1
 
 def _is_stub(data: bytes, flags: int) -> bool:
     """A lease's stub: memcached's empty vivified item (flags 0), which FastCache never
-    writes as a value."""
-    return not data and not flags
+    writes as a value. (``len(data)``, not ``not data``: compiled, the length is read from
+    the object, where a truth test goes through the interpreter's generic protocol, code a
+    tiered get otherwise never reaches.)"""
+    return len(data) == 0 and flags == 0
 
 
 def _seconds_left(ttl: int | None) -> float | None:
