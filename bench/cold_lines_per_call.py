@@ -149,11 +149,17 @@ def _by_function(out: str) -> dict[str, int]:
     return found
 
 
-def _top(path_a: str, path_b: str, calls: int, count: int) -> list[str]:
-    """The ``count`` functions with the most cold lines per call (second run less first)."""
+def _per_call(path_a: str, path_b: str, calls: int) -> dict[str, float]:
+    """Cold lines per call by function: the second run's less the first's."""
     a, b = _by_function(path_a), _by_function(path_b)
-    per_call = {name: (b[name] - a.get(name, 0)) / calls for name in b}
-    ranked = sorted(per_call.items(), key=lambda item: -item[1])[:count]
+    return {name: (b[name] - a.get(name, 0)) / calls for name in b}
+
+
+def _top(case: dict[str, float], baseline: dict[str, float], count: int) -> list[str]:
+    """The ``count`` functions with the most cold lines per call in ``case``, the eviction's
+    own (``baseline``: the case calling nothing) taken out."""
+    own = {name: lines - baseline.get(name, 0.0) for name, lines in case.items()}
+    ranked = sorted(own.items(), key=lambda item: -item[1])[:count]
     return [f"{lines:7.1f}  {name}" for name, lines in ranked]
 
 
@@ -189,7 +195,8 @@ def main() -> None:
             lines = {name: (b[name] - a[name]) / (second - first) for name in EVENTS}
             return lines, path_a, path_b
 
-        baseline, _, _ = per_call(NOTHING, "get")
+        baseline, base_a, base_b = per_call(NOTHING, "get")
+        base_functions = _per_call(base_a, base_b, second - first) if args.top else {}
         print(
             f"FastCache {compiled.describe()}; cold lines per call, "
             f"from runs of {first} and {second} calls"
@@ -213,8 +220,10 @@ def main() -> None:
                     + f"{total:8.1f}  {ratio}",
                     flush=True,
                 )
-                for row in _top(path_a, path_b, second - first, args.top) if args.top else []:
-                    print("    " + row)
+                if args.top:
+                    functions = _per_call(path_a, path_b, second - first)
+                    for row in _top(functions, base_functions, args.top):
+                        print("    " + row)
 
 
 if __name__ == "__main__":
