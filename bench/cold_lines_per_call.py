@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,17 +72,20 @@ def _evicting(call: Callable[[], object]) -> Callable[[], None]:
 
 def worker(location: str, subject: str, operation: str, calls: int) -> None:
     directory = tempfile.mkdtemp(prefix="fastcache-cold-")
-    cpu_per_call.configure_django(location, directory, None)
-    if subject == NOTHING:
-        call: Callable[[], object] = lambda: None  # noqa: E731
-    else:
-        call = instructions_per_call._calls(location, subject)[operation]
-    for _ in range(instructions_per_call.WARM_UP):
-        call()
-    instructions_per_call._settle(subject)
-    paced = _evicting(call)
-    for _ in range(calls):
-        paced()
+    try:
+        cpu_per_call.configure_django(location, directory, None)
+        if subject == NOTHING:
+            call: Callable[[], object] = lambda: None  # noqa: E731
+        else:
+            call = instructions_per_call._calls(location, subject)[operation]
+        for _ in range(instructions_per_call.WARM_UP):
+            call()
+        instructions_per_call._settle(subject)
+        paced = _evicting(call)
+        for _ in range(calls):
+            paced()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _run(location: str, subject: str, operation: str, calls: int, out: str) -> dict[str, int]:
@@ -93,13 +97,7 @@ def _run(location: str, subject: str, operation: str, calls: int, out: str) -> d
         *CACHES,
         "--separate-threads=yes",
         f"--callgrind-out-file={out}",
-        sys.executable,
-        os.path.abspath(__file__),
-        "--worker",
-        location,
-        subject,
-        operation,
-        str(calls),
+        *instructions_per_call._worker_command(location, subject, operation, calls, __file__),
     ]
     # One hash seed: the lines a dict lookup touches depend on where its keys hash to.
     environment = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -176,6 +174,8 @@ def main() -> None:
         location, subject, operation, calls = args.worker
         worker(location, subject, operation, int(calls))
         return
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not on PATH: apt-get install valgrind")
     subjects = args.subjects.split(",") if args.subjects else list(DEFAULT_SUBJECTS)
     operations = args.only.split(",") if args.only else list(DEFAULT_OPERATIONS)
     first, second = args.calls // 2, args.calls

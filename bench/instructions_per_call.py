@@ -128,10 +128,14 @@ def worker(location: str, subject: str, operation: str, calls: int) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _worker_command(location: str, subject: str, operation: str, calls: int) -> list[str]:
+def _worker_command(
+    location: str, subject: str, operation: str, calls: int, script: str = __file__
+) -> list[str]:
+    """The command of one worker run: ``script`` (this one, or another script that runs
+    these cases its own way) with ``--worker``."""
     return [
         sys.executable,
-        os.path.abspath(__file__),
+        os.path.abspath(script),
         "--worker",
         location,
         subject,
