@@ -64,6 +64,8 @@ EXIT_WAIT = 2.0
 #: it holds a value.
 _HEAD: Final = struct.Struct("=QIIddIB")
 _HEAD_SIZE: Final = _HEAD.size
+#: Bound once: compiled, ``_HEAD.pack(...)`` looks the method up on every write.
+_pack_head: Final = _HEAD.pack
 #: A record's first fields: what the writer needs to tell whether it was overtaken.
 _STAMP_AND_SLOT: Final = struct.Struct("=QI")
 #: Where ``written_at`` lies in a record.
@@ -90,7 +92,7 @@ def record(
     not counted. The value is copied once, which costs less than its seal did. ``slot``:
     the key's stamp slot (:func:`.stamps.slot_of`), which the request found already: the
     writer reads a record's stamp slot without hashing its key again."""
-    head = _HEAD.pack(
+    head = _pack_head(
         stamp,
         slot,
         len(key),

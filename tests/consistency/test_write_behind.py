@@ -34,7 +34,7 @@ from django_fastcache.backends import FastCache
 from django_fastcache.bridge import run_blocking
 from django_fastcache.client.blocking import BlockingClient
 from django_fastcache.disk import DiskError
-from django_fastcache.disk.stamps import StampsUnavailable, WriteStamps
+from django_fastcache.disk.stamps import StampsUnavailable, WriteStamps, slot_of
 from django_fastcache.errors import (
     ClientError,
     OperationTimeoutError,
@@ -1097,6 +1097,57 @@ def test_a_write_behind_landing_after_a_newer_one_is_skipped(
     server.flush()
     for process, cache in ((0, slow), (1, fast)):
         assert log.get(cache, process, "k") == 2
+    assert log.stale_reads() == []
+
+
+def test_a_batch_checked_on_the_table_its_process_then_left_lands_nothing_older(
+    server: MemcachedServer, directory: str
+) -> None:
+    # The writer checks a batch's stamps once, against the table the process maps then
+    # (WriteBehind._still_current), and lands it after. Between the two, the anchor is
+    # removed and Q, started then, makes another table (retiring P's) and writes k. The
+    # batch's check passed P's write of 3 on the table it left; the landing checks each
+    # write again on the table it follows to, where k's slot is Q's: P's copy is skipped,
+    # and once memcached loses k, neither process answers 1 (P's older copy on disk) or
+    # P's 3 over Q's 2.
+    log = Log()
+    older = make(server.location, directory, 0)
+    store = tier(older)
+    _landed_then_lost(log, server, older, 0, "k", 1)
+    assert log.get(older, 0, "k") == 1  # on disk, answering
+    made: list[FastCache] = []
+    checked: list[bool] = []
+    words_now = store.stamps.words_now
+
+    slot = slot_of(older.wire_key("k"))
+    stamped: list[int] = []
+
+    def checked_then_moved() -> Any:
+        words = words_now()  # the batch's check reads P's table, where P's 3 is current...
+        checked.append(words is not None and words[slot] == stamped[0])
+        os.unlink(store.stamps.path)  # ...and then the directory gets another one
+        made.append(make(server.location, directory, 1))
+        log.set(made[0], 1, "k", 2)
+        assert tier(made[0]).flush(LANDING_WAIT)
+        return words
+
+    stamps = store.behind.stamps
+    with _still(store):  # (P moves only by following its stamps)
+        store.behind.pause()
+        log.set(older, 0, "k", 3)  # acknowledged; memcached takes Q's 2 after it
+        stamped.append(store.stamps.current(older.wire_key("k")))
+        store.behind.stamps = twin(stamps, words_now=checked_then_moved)
+        skipped = store.behind.skipped
+        try:
+            store.behind.resume()
+            assert store.flush(LANDING_WAIT)
+        finally:
+            store.behind.stamps = stamps
+        assert checked == [True]  # the batch's check let P's copy through
+        assert store.behind.skipped == skipped + 1  # and its landing skipped P's copy
+        server.flush()
+        assert log.get(made[0], 1, "k") == 2  # Q's copy, the latest
+        assert log.get(older, 0, "k") == 2
     assert log.stale_reads() == []
 
 
