@@ -257,39 +257,40 @@ def test_a_queued_write_comes_back_as_it_was_put(write: Landing) -> None:
 
 
 def test_queued_writes_hold_nothing_the_garbage_collector_counts(tmp_path: Path) -> None:
-    """A write waits seconds in the queue: as a tuple it counted toward the collector's
-    next collection until it landed, so that a busy process collected every 700 writes and
-    promoted the queue's writes to the older generations (full collections more often).
-    Queued as bytes, a thousand writes leave the count where it was."""
+    """A write waits seconds in the queue. Kept as a container (a tuple), it counted toward
+    the collector's next collection until it landed: a busy process collected more often
+    and set off full collections. Queued as its fields, one item each, a thousand writes
+    (values, deletes, with and without expiry) leave the count where it was, and nothing
+    in the queue but a flush's event is a container."""
     import gc
 
     with running_writer(tmp_path, min_age=FOREVER) as (_store, stamps, writer):
         writer.pause()
         stamp = stamps.bump(b"warm")
-        writer.put(
-            b"warm", slot_of(b"warm"), stamp, b"v" * 100, 0, None, time.time()
-        )  # starts the thread
+        writer.put(b"warm", slot_of(b"warm"), stamp, b"v" * 100, 0, None, time.time())
         was_enabled = gc.isenabled()
         gc.disable()  # (counts still move; no collection resets them meanwhile)
         try:
             before = gc.get_count()[0]
             for index in range(1000):
-                writer.put(
-                    b"k%d" % index, slot_of(b"k%d" % index), stamp, b"v" * 100, 0, 1e10, time.time()
-                )
+                key = b"k%d" % index
+                data = None if index % 3 == 0 else b"v" * index
+                expire_at = None if index % 2 else time.time() + 300.0
+                writer.put(key, slot_of(key), stamps.bump(key), data, 0, expire_at, time.time())
             grown = gc.get_count()[0] - before
         finally:
             if was_enabled:
                 gc.enable()
         assert len(writer) == 1001
         assert grown < 100, f"the collector's count grew by {grown} over 1,000 queued writes"
+        assert not any(gc.is_tracked(item) for item in writer._queue)
         writer.resume()
 
 
-def test_a_record_s_stamp_is_checked_from_its_head_alone(tmp_path: Path) -> None:
+def test_a_queued_write_s_stamp_is_checked_against_its_recorded_slot(tmp_path: Path) -> None:
     """The writer tells an overtaken write (most of them, under several processes) from its
-    record's stamp and the key's slot, put in the record by the request that found it:
-    the check neither hashes the key nor reads past the head."""
+    stamp and the key's slot, put in the record by the request that found it: the check
+    does not hash the key again."""
     stamps = WriteStamps(str(tmp_path / "stamps.anchor"), shm_root=str(tmp_path))
     older = stamps.bump(b"key")
     latest = stamps.bump(b"key")
@@ -298,9 +299,7 @@ def test_a_record_s_stamp_is_checked_from_its_head_alone(tmp_path: Path) -> None
     key, value = b"key", b"v" * 1000
     for stamp, expected in ((older, False), (latest, True)):
         item = writebehind.record(key, slot_of(key), stamp, value, 0, None, time.time())
-        head = item[: len(item) - len(key) - len(value)]
         assert writebehind.still_current(item, words) is expected
-        assert writebehind.still_current(head, words) is expected
     # Another key's slot in the record: its stamp, not the key's, decides.
     other = next(k for k in (b"o%d" % i for i in range(100)) if slot_of(k) != slot_of(key))
     item = writebehind.record(key, slot_of(other), latest, value, 0, None, time.time())
@@ -321,3 +320,36 @@ def test_overtaken_writes_are_skipped_and_the_latest_lands(tmp_path: Path) -> No
         assert found is not None
         assert found[0] == b"3"
         assert store.get(b"gone") is None
+
+
+def test_a_flush_queued_between_writes_leaves_each_write_whole(tmp_path: Path) -> None:
+    """A write is queued as its fields, one item each, and a flush as its event and as many
+    items: with a flush waiting between writes, the writer takes the queue apart write by
+    write, lands every write with its own key, value and flags, and releases the flush."""
+    with running_writer(tmp_path, min_age=FOREVER) as (store, stamps, writer):
+        writer.pause()
+        first = [(b"a", b"1", 1), (b"b", None, 0)]  # (None: a delete, after a value below)
+        second = [(b"c", b"3" * 700, 3)]
+        stamps_of = {key: stamps.bump(key) for key, _, _ in first + second}
+        for key, data, flags in first:
+            writer.put(key, slot_of(key), stamps_of[key], data, flags, None, time.time())
+        flushed: list[bool] = []
+        flusher = threading.Thread(target=lambda: flushed.append(writer.flush(DEADLINE)))
+        flusher.start()
+        assert wait_until(lambda: len(writer._queue) == 3 * writebehind.FIELDS)
+        for key, data, flags in second:
+            writer.put(key, slot_of(key), stamps_of[key], data, flags, 1e10, time.time())
+        assert len(writer) == 4  # three writes and the flush
+        assert writer.lag() >= 0.0
+        writer.resume()
+        flusher.join(DEADLINE)
+        assert flushed == [True]
+        assert writer.flush(DEADLINE)
+        assert (writer.landed, writer.skipped, len(writer)) == (3, 0, 0)
+        for key, data, flags in first + second:
+            found = store.get(key)
+            if data is None:
+                assert found is None
+            else:
+                assert found is not None
+                assert (found[0], found[1]) == (data, flags)
