@@ -1,16 +1,16 @@
 """The writer behind memcached: the disk copies of acknowledged writes, in group commits.
 
 A write or delete made while its node is up is acknowledged once memcached has it; its
-disk copy goes into this process's queue (a deque append, no lock, no disk: one tuple the
-garbage collector stops tracking, see :func:`record`) and a background thread lands the
-copies once they are ``min_age`` seconds old, every ``interval`` seconds (the first time a
-random part of ``interval`` later: see ``_run``), in one transaction per disk shard
-(:meth:`DiskStore.land`). A write lands only while its stamp is still its slot's current
-one (:mod:`.stamps`), so a write overtaken meanwhile, from this process or another, is
-skipped; and until a write lands, the older entry of its key no longer answers (its stamp
-was replaced before the write was acknowledged). So the disk tier's lag shows as misses,
-never as old values. A queue lost with its process (killed) leaves those keys missing on
-disk; nothing older comes back.
+disk copy goes into this process's queue (a deque append, no lock, no disk: one bytes
+object, see :func:`record`) and a
+background thread lands the copies once they are ``min_age`` seconds old, every
+``interval`` seconds (the first time a random part of ``interval`` later: see ``_run``), in
+one transaction per disk shard (:meth:`DiskStore.land`). A write
+lands only while its stamp is still its slot's current one (:mod:`.stamps`), so a write
+overtaken meanwhile, from this process or another, is skipped; and until a write lands, the
+older entry of its key no longer answers (its stamp was replaced before the write was
+acknowledged). So the disk tier's lag shows as misses, never as old values. A queue lost
+with its process (killed) leaves those keys missing on disk; nothing older comes back.
 
 The thread is started on first need, and again in a forked child, which inherits neither
 the thread nor the parent's queue (the parent lands its own writes).
@@ -21,13 +21,15 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import math
 import os
 import random
+import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Final, cast
+from collections.abc import Callable
+from typing import Final
 
 from ..handles import Handle
 from .stamps import WriteStamps
@@ -57,15 +59,19 @@ MAX_QUEUE = 100_000
 #: Seconds the process's exit waits for its queues to land.
 EXIT_WAIT = 2.0
 
-#: A write as queued (:func:`record`): stamp, the key's stamp slot, key, value (None: a
-#: delete), flags, expiry (None: never), when it was written.
-Queued = tuple[int, int, bytes, bytes | None, int, float | None, float]
-#: Items of the queue a write takes, one after another (its fields); a flush() marker
-#: takes as many (its event, then Nones), so that the queue is whole groups of them.
-FIELDS: Final = 7
-#: Where ``written_at`` lies in a group.
-_WRITTEN_AT: Final = 6
-_MARKER_TAIL: Final = (None,) * (FIELDS - 1)
+#: A queued write's fields before its key and value (see :func:`record`): stamp, the key's
+#: stamp slot, the key's length, expiry (NaN: never), when it was written, flags, whether
+#: it holds a value.
+_HEAD: Final = struct.Struct("=QIIddIB")
+_HEAD_SIZE: Final = _HEAD.size
+#: Bound once: compiled, ``_HEAD.pack(...)`` looks the method up on every write.
+_pack_head: Final = _HEAD.pack
+#: A record's first fields: what the writer needs to tell whether it was overtaken.
+_STAMP_AND_SLOT: Final = struct.Struct("=QI")
+#: Where ``written_at`` lies in a record.
+_WRITTEN_AT: Final = struct.Struct("=d")
+_WRITTEN_AT_OFFSET: Final = 24
+_NEVER: Final = math.nan
 
 
 def record(
@@ -76,44 +82,57 @@ def record(
     flags: int,
     expire_at: float | None,
     written_at: float,
-) -> Queued:
-    """A write's fields as queued, one item of the queue each (``deque.extend`` of this
-    tuple, one step under the interpreter's lock: no other thread's items fall between).
+) -> bytes:
+    """A write as queued: its fields, key and value in one bytes object. Not a tuple: the
+    garbage collector counts every container made and not yet freed, and queued tuples,
+    which live seconds, set off a collection every 700 writes and were promoted to the older
+    generations, where they set off full collections of the whole process (one per process
+    under bench/writer_eight.py's eight, none untiered; tens of milliseconds each): about
+    4,600 instructions a write on average, a third of a sync set's own. A bytes object is
+    not counted. The value is copied once, which costs less than its seal did. ``slot``:
+    the key's stamp slot (:func:`.stamps.slot_of`), which the request found already: the
+    writer reads a record's stamp slot without hashing its key again."""
+    head = _pack_head(
+        stamp,
+        slot,
+        len(key),
+        _NEVER if expire_at is None else expire_at,
+        written_at,
+        flags,
+        data is not None,
+    )
+    if data is None:
+        return head + key
+    return head + key + data
 
-    Not one container per write: the garbage collector counts every container made and
-    not yet freed, and a queued write lives seconds. As bytes packing the fields, key and
-    value, a record cost about 1.7 µs of CPU more a write (the packing and the value's
-    copy), with the CPU's caches cold as a request finds them under eight processes on
-    two vCPUs; as a tuple kept in the queue, the collector's young collections untracked
-    the tuples but ran more often, and set off full collections of the process (1 to 8 a
-    round over bench/writer_eight.py's eight processes, against none). Queued item by item, the
-    tuple is freed at once and nothing queued is a container.
 
-    The value is not copied (bytes: immutable; a compiled build refuses any other kind at
-    the tier's calls). ``slot``: the key's stamp slot (:func:`.stamps.slot_of`), which the
-    request found already: the writer checks a write's stamp without hashing its key
-    again."""
-    return (stamp, slot, key, data, flags, expire_at, written_at)
-
-
-def landing(fields: Sequence[object], at: int = 0) -> Landing:
-    """The write whose fields (:func:`record`'s) start at ``fields[at]``, in the order
-    :meth:`DiskStore.land` takes."""
+def landing(item: bytes) -> Landing:
+    """The write a :func:`record` holds."""
+    stamp, _slot, length, expire_at, written_at, flags, has_data = _HEAD.unpack_from(item)
+    end = _HEAD_SIZE + length
     return (
-        cast(bytes, fields[at + 2]),
-        cast(int, fields[at]),
-        cast("bytes | None", fields[at + 3]),
-        cast(int, fields[at + 4]),
-        cast("float | None", fields[at + 5]),
-        cast(float, fields[at + 6]),
+        item[_HEAD_SIZE:end],
+        stamp,
+        item[end:] if has_data else None,
+        flags,
+        None if math.isnan(expire_at) else expire_at,
+        written_at,
     )
 
 
-def still_current(fields: Sequence[object], words: memoryview, at: int = 0) -> bool:
-    """Whether the write whose fields start at ``fields[at]`` still has its slot's stamp
-    in ``words`` (the table's, :meth:`.WriteStamps.words_now`)."""
-    stamped: int = words[cast(int, fields[at + 1])]
-    return stamped == cast(int, fields[at])
+def still_current(item: bytes, words: memoryview) -> bool:
+    """Whether the write a :func:`record` holds still has its slot's stamp in ``words``
+    (the table's, :meth:`.WriteStamps.words_now`), read without decoding the rest."""
+    stamp: int
+    slot: int
+    stamp, slot = _STAMP_AND_SLOT.unpack_from(item)
+    stamped: int = words[slot]
+    return stamped == stamp
+
+
+def _written_at(item: bytes) -> float:
+    written_at: float = _WRITTEN_AT.unpack_from(item, _WRITTEN_AT_OFFSET)[0]
+    return written_at
 
 
 #: The process's writers, for a forked child and the exit: weakly, through handles they hold
@@ -152,7 +171,7 @@ class WriteBehind:
 
     def _fresh_state(self) -> None:
         #: Writes (:func:`record`) and the markers of flush() calls, in order.
-        self._queue: collections.deque[object] = collections.deque()
+        self._queue: collections.deque[bytes | threading.Event] = collections.deque()
         self._idle = True
         self._wake = threading.Event()
         #: flush() calls waiting: while any does, the writer lands all it finds queued,
@@ -180,10 +199,10 @@ class WriteBehind:
         """Queue the disk copy of a write (``data`` None: a delete) stamped ``stamp`` in
         ``slot``, the key's (:func:`.stamps.slot_of`)."""
         queue = self._queue
-        if len(queue) >= self.max_queue * FIELDS:
+        if len(queue) >= self.max_queue:
             self.dropped += 1
             return
-        queue.extend(record(key, slot, stamp, data, flags, expire_at, written_at))
+        queue.append(record(key, slot, stamp, data, flags, expire_at, written_at))
         if self._idle:
             self._notify()
 
@@ -202,15 +221,13 @@ class WriteBehind:
 
     # -- state ---------------------------------------------------------------------------
     def __len__(self) -> int:
-        """Writes queued (flush() markers among them)."""
-        return len(self._queue) // FIELDS
+        return len(self._queue)
 
     def lag(self) -> float:
         """Seconds the oldest queued write has waited (0.0 when the queue is empty)."""
-        items = list(self._queue)
-        for at in range(0, len(items) - FIELDS + 1, FIELDS):
-            if not isinstance(items[at], threading.Event):
-                return max(0.0, time.time() - cast(float, items[at + _WRITTEN_AT]))
+        for item in list(self._queue):
+            if isinstance(item, bytes):
+                return max(0.0, time.time() - _written_at(item))
         return 0.0
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -219,7 +236,7 @@ class WriteBehind:
         done = threading.Event()
         with self._flushes_lock:
             self._flushes += 1
-        self._queue.extend((done, *_MARKER_TAIL))
+        self._queue.append(done)
         self._notify()
         return done.wait(timeout)
 
@@ -291,41 +308,43 @@ class WriteBehind:
         thread is to end."""
         return bool(self._flushes) or self._stopping
 
-    def _seconds_to_age(self, queue: collections.deque[object]) -> float:
+    def _seconds_to_age(self, queue: collections.deque[bytes | threading.Event]) -> float:
         """Seconds until the oldest queued write is ``min_age`` old (0.0: due now)."""
-        if isinstance(queue[0], threading.Event):
+        head = queue[0]
+        if not isinstance(head, bytes):
             return 0.0
         now = time.time()
-        written_at = cast(float, queue[_WRITTEN_AT])
+        written_at = _written_at(head)
         if written_at > now:
             return 0.0  # written "later" than now: the wall clock was set back; due
         return written_at + self.min_age - now
 
-    def _land_batch(self, queue: collections.deque[object]) -> bool:
+    def _land_batch(self, queue: collections.deque[bytes | threading.Event]) -> bool:
         """Land the writes due: all queued while a flush() waits, else up to BATCH of those
         ``min_age`` old. True when more are due at once."""
-        # The due writes' fields, one after another, as queued: no container per write.
-        records: list[object] = []
+        records: list[bytes] = []
         waiters: list[threading.Event] = []
-        popleft = queue.popleft
-        landing_all = self._landing_all()
-        now = time.time()
-        due = now - self.min_age
-        groups = len(queue) // FIELDS  # (writes are added at the right end meanwhile)
-        while groups > 0 and (landing_all or len(records) < BATCH * FIELDS):
-            groups -= 1
-            head = queue[0]
-            if isinstance(head, threading.Event):
-                # A flush() queued meanwhile: every write queued before it is here.
-                waiters.append(head)
-                for _ in range(FIELDS):
-                    popleft()
-                continue
-            # (Written "later" than now: the wall clock was set back. Due.)
-            if not landing_all and due < cast(float, queue[_WRITTEN_AT]) <= now:
-                break
-            for _ in range(FIELDS):
-                records.append(popleft())
+        if self._landing_all():
+            for _ in range(len(queue)):
+                item = queue.popleft()
+                if isinstance(item, bytes):
+                    records.append(item)
+                else:
+                    waiters.append(item)
+        else:
+            now = time.time()
+            due = now - self.min_age
+            while queue and len(records) < BATCH:
+                item = queue[0]
+                if isinstance(item, bytes):
+                    # (Written "later" than now: the wall clock was set back. Due.)
+                    if due < _written_at(item) <= now:
+                        break
+                    records.append(item)
+                else:
+                    # A flush() queued meanwhile: every write queued before it is here.
+                    waiters.append(item)
+                queue.popleft()
         writes = self._still_current(records)
         if writes:
             try:
@@ -354,27 +373,24 @@ class WriteBehind:
                 self._flushes -= len(waiters)
         return bool(queue) and not self._landing_all() and self._seconds_to_age(queue) <= 0
 
-    def _still_current(self, records: list[object]) -> list[Landing]:
-        """The writes whose fields ``records`` holds (:func:`record`'s, one write after
-        another) whose stamp is still their slot's, as landings; the others, overtaken by a
-        newer write or delete of their slot (most of them, when several processes write
-        the same keys), are counted skipped without a landing made. The table is checked
-        once for the batch: should the process follow another table meanwhile (its
-        directory made again), the check lets through writes the landing skips (it checks
-        each write again, as it lands) or skips writes that would have landed (misses on
-        disk, never older values). The interpreter's lock is handed over every YIELD_EVERY
-        writes, as the landing does."""
+    def _still_current(self, records: list[bytes]) -> list[Landing]:
+        """The writes of ``records`` whose stamp is still their slot's, decoded; the others,
+        overtaken by a newer write or delete of their slot (most of them, when several
+        processes write the same keys), are counted skipped without being decoded. The
+        table is checked once for the batch: should the process follow another table
+        meanwhile (its directory made again), the check lets through writes the landing
+        skips (it checks each write again, as it lands) or skips writes that would have
+        landed (misses on disk, never older values). The interpreter's lock is handed over
+        every YIELD_EVERY records, as the landing does."""
         words = self.stamps.words_now()
         writes: list[Landing] = []
-        count = len(records) // FIELDS
         if words is not None:  # (else no slot has a stamp to land under now)
-            for done in range(1, count + 1):
-                at = (done - 1) * FIELDS
-                if still_current(records, words, at):
-                    writes.append(landing(records, at))
+            for done, item in enumerate(records, 1):
+                if still_current(item, words):
+                    writes.append(landing(item))
                 if not done % YIELD_EVERY:
                     _yield_gil()
-        self.skipped += count - len(writes)
+        self.skipped += len(records) - len(writes)
         return writes
 
 
