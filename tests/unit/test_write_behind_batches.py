@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -329,7 +330,7 @@ def test_a_flush_queued_between_writes_leaves_each_write_whole(tmp_path: Path) -
     flush."""
     with running_writer(tmp_path, min_age=FOREVER) as (store, stamps, writer):
         writer.pause()
-        first = [(b"a", b"1", 1), (b"b", None, 0)]  # (None: a delete, after a value below)
+        first = [(b"a", b"1", 1), (b"b", None, 0)]  # (None: a delete)
         second = [(b"c", b"3" * 700, 3)]
         stamps_of = {key: stamps.bump(key) for key, _, _ in first + second}
         for key, data, flags in first:
@@ -360,8 +361,6 @@ def test_writes_queued_from_several_threads_at_once_land_whole(tmp_path: Path) -
     """Each write goes into the queue in one step: threads queueing at once (a threaded
     server's requests), with the interpreter switching threads as often as it can, never
     interleave one write's parts with another's."""
-    import sys
-
     threads, writes = 4, 500
     with running_writer(tmp_path, min_age=FOREVER) as (store, stamps, writer):
 
