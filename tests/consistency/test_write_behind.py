@@ -1506,6 +1506,47 @@ def test_a_read_answered_after_its_node_went_out_is_not_served(
     assert log.stale_reads() == []
 
 
+def test_a_read_answered_before_its_node_went_out_and_came_back_is_not_served(
+    server: MemcachedServer, directory: str
+) -> None:
+    # A read's reply can arrive after its node went out and was brought back (a hung
+    # memcached answers its queued requests once it runs again): the node reads as up both
+    # times the read looks, and only the outage count in the epoch it compares
+    # (NodeStates.epoch) tells the read that memcached's answer may predate a write made
+    # on disk meanwhile.
+    log = Log()
+    cache, other = make(server.location, directory, 0), make(server.location, directory, 1)
+    store, others = tier(cache), tier(other)
+    log.set(cache, 0, "n", 5)
+    outages_before = store.states.outages(0)
+
+    def out_written_and_back() -> None:
+        assert others.states.mark_out(0)
+        log.set(other, 1, "n", 7)  # made on disk and journaled: the node is out
+        # The replay deletes n from memcached (this one, or the first process's maintenance
+        # thread's, whichever takes it).
+        others.bring_back(0)
+        assert not others.states.is_out(0), others.last_probe_error
+
+    real = store.blocking
+    answered = real.value_at
+
+    def value_at(node: int, key: bytes, now: float) -> tuple[bytes, int] | None:
+        found = answered(node, key, now)  # memcached's 5, from before the outage
+        out_written_and_back()
+        return found
+
+    store.blocking = twin(real, value_at=value_at)
+    try:
+        value = cache.get("n")
+    finally:
+        store.blocking = real
+    assert store.states.outages(0) == outages_before + 1
+    assert value == 7  # the disk's, not the reply memcached gave before the outage
+    assert log.get(cache, 0, "n") == 7
+    assert log.stale_reads() == []
+
+
 def test_an_incr_answered_after_its_node_went_out_is_not_served_memcached_s_count(
     server: MemcachedServer, directory: str
 ) -> None:
