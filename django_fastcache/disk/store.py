@@ -71,7 +71,7 @@ def _upsert(rows: int) -> str:
 #: parameters holds it), where ``executemany`` takes the lock back after every row; so the
 #: writer takes it back at most seven times per shard while it holds the shard's lock.
 #: Whether a request thread beside the writer waits less for the lock is not settled
-#: (bench/writer_beside_requests.py measures it; docs/benchmarks.md has its runs). Seven
+#: (bench/writer_beside_requests.py measures it; docs/tier-rounds.md has its runs). Seven
 #: statements in each connection's statement cache, whatever the batch (about 0.3 MB);
 #: statements of every size up to 64 would save some 1,600 more instructions per write,
 #: for about 2.5 MB per connection. 64 rows are 320 parameters, within SQLite's limit of

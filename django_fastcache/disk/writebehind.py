@@ -42,7 +42,7 @@ from .store import YIELD_EVERY, DiskError, DiskStore, Landing, LandingError, _yi
 #: 1,100 keys, 100,000 operations each) one write in five or six landed when writes landed
 #: at the next commit, one in about thirty once each waited a second, for half the
 #: writer's CPU. Three seconds lowered the tiered row's P99s by a further 4 to 7 % in
-#: paired runs (docs/benchmarks.md, fourteenth round). A longer lag only means more misses
+#: paired runs (docs/tier-rounds.md, fourteenth round). A longer lag only means more misses
 #: on disk (after a crash, at an outage's start), never older values, and a queue that
 #: holds the copies of that many seconds of writes.
 MIN_AGE = 3.0
