@@ -28,10 +28,7 @@ The rules, which ``docs/disk-tier.md`` explains for users:
 * **memcached's answer to a request is not served when the node went out while it ran**
   (:meth:`TieredStore.went_out`): the disk tier answers. An ``incr`` (or an ``add``)
   memcached may have made when its node failed is made on disk only where the disk makes
-  it alike; otherwise :class:`~.errors.OutcomeUnknownError`. A sync ``get`` whose process
-  read every node up less than UP_READ_FOR before does not look (:meth:`TieredStore.get_now`):
-  a write of an outage is acknowledged no sooner than OUTAGE_SETTLE after its process first
-  saw the outage (:meth:`TieredStore._settle_outage`), so such a get began before any was.
+  it alike; otherwise :class:`~.errors.OutcomeUnknownError`.
 * **A disk tier that fails never fails a request**: the memcached result stands, and the
   entries involved stop answering (their stamps moved on before the disk was touched).
 """
@@ -107,14 +104,6 @@ _monotonic: Final = time.monotonic
 #: Seconds between two checks that the tier's files are still the directory's, made by the
 #: calls themselves (see :meth:`TieredStore._follow_files`).
 FILES_CHECK_INTERVAL: Final = 0.1
-#: Seconds a process's sync gets take every node for up after reading it so in the node
-#: states (see :meth:`TieredStore.get_now`), and how long after a process first sees an
-#: outage its writes of the outage wait before they are journaled and acknowledged (see
-#: :meth:`TieredStore._settle_outage`). The second is twice the first: a get that began
-#: while its process still took the node for up began before any write of the outage was
-#: acknowledged, host-wide, so memcached's answer to it is never older than one.
-UP_READ_FOR: Final = 0.005
-OUTAGE_SETTLE: Final = 2 * UP_READ_FOR
 
 
 def _is_stub(data: bytes, flags: int) -> bool:
@@ -250,13 +239,6 @@ class TieredStore:
         self.check_files: Callable[[TieredStore], None] | None = None
         #: ``time.monotonic()`` from which the next call checks the files.
         self._files_due = -math.inf
-        #: ``time.monotonic()`` until which sync gets take every node for up without
-        #: reading the node states (:meth:`get_now`); a read that finds every node up sets
-        #: it UP_READ_FOR ahead, a node this process marks out clears it.
-        self._all_up_until = -math.inf
-        #: Per node: the epoch of the outage this process's writes last saw it in, and
-        #: ``time.monotonic()`` from which they may be acknowledged (:meth:`_settle_outage`).
-        self._outages_settled: dict[int, tuple[int, float]] = {}
 
     def _follow_files(self) -> None:
         """Check that the tier's files are still the directory's, when the last check is
@@ -275,8 +257,6 @@ class TieredStore:
         check = self.check_files
         if check is None:
             return
-        # Node states read from files replaced since are not taken for the new ones'.
-        self._all_up_until = -math.inf
         try:
             check(self)
         except Exception as exc:  # the disk's own failures are handled inside; not the call's
@@ -287,7 +267,6 @@ class TieredStore:
 
     # -- health --------------------------------------------------------------------------
     def node_failed(self, node: int, cause: BaseException | None = None) -> None:
-        self._all_up_until = -math.inf  # (this process's gets read the states again)
         if self.states.mark_out(node):
             self.metrics.nodes_marked_out += 1
             logger.warning(
@@ -532,7 +511,6 @@ class TieredStore:
         write was to replace) and their disk entries no longer answer. When the journal
         itself failed, the node is flushed whole at its replay instead (its journal does not
         name these keys), and the disk entries the write was to replace no longer answer."""
-        self._settle_outage(node)
         failure: DiskError | None = None
         brought_back = False
         try:
@@ -577,24 +555,6 @@ class TieredStore:
             self._distrust(keys, failure)
             raise failure
         return True, result
-
-    def _settle_outage(self, node: int) -> None:
-        """Wait, before a write of ``node``'s outage is journaled and acknowledged, until
-        OUTAGE_SETTLE after this process first saw the outage: by then no process's sync
-        gets take the node for up from a read of the states made before it went out
-        (:meth:`get_now`, UP_READ_FOR). The outage began before this process saw it, so the
-        wait is counted from a moment no earlier than the outage's start, host-wide. Once
-        per outage and process; none while the node is up (the journal's check sends the
-        write back to memcached)."""
-        epoch = self.states.epoch(node)
-        if not epoch & 1:
-            return
-        now = _monotonic()
-        settled = self._outages_settled.get(node)
-        if settled is None or settled[0] != epoch:
-            settled = self._outages_settled[node] = (epoch, now + OUTAGE_SETTLE)
-        if now < settled[1]:
-            time.sleep(settled[1] - now)
 
     def recover_lost_states(self) -> None:
         """Called once the store is set up, before it serves: a node whose state page no
@@ -642,39 +602,20 @@ class TieredStore:
             self._follow_files()
             now = _monotonic()
         node = self.cluster.node_index(key)
-        if now >= self._all_up_until and not self.states.any_out():
-            self._all_up_until = now + UP_READ_FOR
-        if now < self._all_up_until:
-            # Every node was up when this process last read the states, less than
-            # UP_READ_FOR ago; no write of an outage that began since is acknowledged yet
-            # (_settle_outage): memcached answers, with no read of the node's epoch before
-            # and after (two reads of shared memory, each cold in the CPU's caches under
-            # many processes: most of what the tier added to a get).
+        epoch = self.states.epoch(node)
+        if not epoch & 1:  # up
             try:
+                # (The node and the clock read here, passed on: not found again.)
                 found = self.blocking.value_at(node, key, now)
             except FastCacheError as exc:
                 self._memcached_failed(node, exc, read=True)
             else:
-                if _is_value(found):
-                    return found
-                if not holds_value(self.stamps.current(key)):
-                    return None  # deleted, or never written: no disk entry answers
-                return run_blocking(self._answer_miss(self.blocking, key, node))
-        else:
-            epoch = self.states.epoch(node)
-            if not epoch & 1:  # up
-                try:
-                    # (The node and the clock read here, passed on: not found again.)
-                    found = self.blocking.value_at(node, key, now)
-                except FastCacheError as exc:
-                    self._memcached_failed(node, exc, read=True)
-                else:
-                    if self.states.epoch(node) == epoch:  # (else: see went_out)
-                        if _is_value(found):
-                            return found
-                        if not holds_value(self.stamps.current(key)):
-                            return None
-                        return run_blocking(self._answer_miss(self.blocking, key, node))
+                if self.states.epoch(node) == epoch:  # (else: see went_out)
+                    if _is_value(found):
+                        return found
+                    if not holds_value(self.stamps.current(key)):
+                        return None  # deleted, or never written: no disk entry answers
+                    return run_blocking(self._answer_miss(self.blocking, key, node))
         self.metrics.fallbacks += 1
         entry = self._answering(key)  # (_disk_read, inline: every read of an outage)
         return None if entry is None else (entry[0], entry[1])
